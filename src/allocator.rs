@@ -1,0 +1,328 @@
+//! The allocator: one process-wide state that fixes the mode and the alignment at the first
+//! allocation and composes a pool over the right backing for the host side (NumPy) and for
+//! each device (CuPy, PyTorch). Safe Rust; the C contract sits in `ffi`, the driver in `prim`.
+
+use crate::backing::{
+    Backing, DeviceBacking, HostBacking, Kind, ManagedBacking, RegisteredBacking,
+};
+use crate::config::{self, Config};
+use crate::error::{Error, Result, Status};
+use crate::mode::{MachineCaps, Mode, ModeRequest};
+use crate::pool::{self, BlockInfo, Pool};
+use crate::prim::{cuda, os};
+use std::sync::{Mutex, OnceLock};
+
+/// The fixed state after initialisation.
+pub struct Allocator {
+    pub config: Config,
+    pub mode: Mode,
+    pub mode_reason: String,
+    pub alignment: usize,
+    pub caps: MachineCaps,
+    host: &'static Pool,
+    devices: Vec<OnceLock<&'static Pool>>,
+    device_pool_lock: Mutex<()>,
+}
+
+/// Settings made through the API before initialisation; they override the environment.
+#[derive(Default)]
+struct Overrides {
+    mode: Option<ModeRequest>,
+    alignment: Option<usize>,
+}
+
+static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides {
+    mode: None,
+    alignment: None,
+});
+static ENV: OnceLock<Result<Config>> = OnceLock::new();
+static CAPS: OnceLock<MachineCaps> = OnceLock::new();
+static STATE: OnceLock<Allocator> = OnceLock::new();
+static INIT: Mutex<()> = Mutex::new(());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The configuration from the environment, read and validated once.
+pub fn env_config() -> Result<Config> {
+    ENV.get_or_init(Config::from_env).clone()
+}
+
+/// The machine's capabilities, probed once.
+pub fn caps() -> &'static MachineCaps {
+    CAPS.get_or_init(cuda::probe)
+}
+
+/// The allocator if it is initialised.
+pub fn get() -> Option<&'static Allocator> {
+    STATE.get()
+}
+
+/// The allocator, initialising it on first use. Initialisation failures are not cached: a
+/// later call (say after `set_mode`) tries again.
+#[inline]
+pub fn instance() -> Result<&'static Allocator> {
+    match STATE.get() {
+        Some(a) => Ok(a),
+        None => init(),
+    }
+}
+
+/// Initialise now: read the configuration, select the mode, make the host pool.
+pub fn init() -> Result<&'static Allocator> {
+    let _g = lock(&INIT);
+    if let Some(a) = STATE.get() {
+        return Ok(a);
+    }
+    let mut config = env_config()?;
+    {
+        let o = lock(&OVERRIDES);
+        if let Some(m) = o.mode {
+            config.mode = m;
+        }
+        if let Some(a) = o.alignment {
+            config.alignment = a;
+        }
+    }
+    let caps = caps().clone();
+    let (mode, mode_reason) = caps.select(config.mode)?;
+    let host_backing: Box<dyn Backing> = match mode {
+        Mode::Host | Mode::Device => Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+        Mode::System => Box::new(HostBacking::new(Kind::UMP_KIND_SYSTEM)),
+        Mode::Managed => Box::new(ManagedBacking::new(-1)),
+        Mode::Registered => Box::new(RegisteredBacking::new(-1)),
+    };
+    let retain = if matches!(mode, Mode::Host | Mode::Device | Mode::System) {
+        config.host_retain
+    } else {
+        usize::MAX
+    };
+    let host = Pool::new(host_backing, config.alignment, config.limit, retain);
+    let devices = (0..caps.devices.len()).map(|_| OnceLock::new()).collect();
+    let a = Allocator {
+        alignment: config.alignment,
+        config,
+        mode,
+        mode_reason,
+        caps,
+        host,
+        devices,
+        device_pool_lock: Mutex::new(()),
+    };
+    Ok(STATE.get_or_init(|| a))
+}
+
+/// Request a mode before the first allocation. Afterwards only the mode in force is accepted.
+pub fn set_mode(req: ModeRequest) -> Result<()> {
+    let _g = lock(&INIT);
+    if let Some(a) = STATE.get() {
+        return match req {
+            ModeRequest::Forced(m) if m == a.mode => Ok(()),
+            ModeRequest::Auto if a.config.mode == ModeRequest::Auto => Ok(()),
+            _ => Err(Error::new(
+                Status::UMP_ERR_LOCKED,
+                format!(
+                    "the mode is already '{}' (fixed at the first allocation); it cannot change to '{}'",
+                    a.mode.name(),
+                    req.name()
+                ),
+            )),
+        };
+    }
+    // Refuse a mode this machine cannot do now, not at the first allocation.
+    caps().select(req)?;
+    lock(&OVERRIDES).mode = Some(req);
+    Ok(())
+}
+
+/// Request an alignment before the first allocation. Afterwards only the one in force is
+/// accepted.
+pub fn set_alignment(n: usize) -> Result<()> {
+    let n = config::check_alignment(n).map_err(|e| Error::config(format!("alignment {e}")))?;
+    let _g = lock(&INIT);
+    if let Some(a) = STATE.get() {
+        if a.alignment == n {
+            return Ok(());
+        }
+        return Err(Error::new(
+            Status::UMP_ERR_LOCKED,
+            format!(
+                "the alignment is already {} (fixed at the first allocation); it cannot change to {n}",
+                a.alignment
+            ),
+        ));
+    }
+    lock(&OVERRIDES).alignment = Some(n);
+    Ok(())
+}
+
+impl Allocator {
+    /// The pool behind NumPy and the C malloc family.
+    pub fn host_pool(&self) -> &'static Pool {
+        self.host
+    }
+
+    /// The pool for GPU libraries on `device`, made on first use.
+    pub fn device_pool(&self, device: i32) -> Result<&'static Pool> {
+        if self.mode == Mode::Host {
+            return Err(Error::unsupported(format!(
+                "no GPU memory in mode 'host' ({})",
+                self.mode_reason
+            )));
+        }
+        let slot = usize::try_from(device)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "no CUDA device {device} (this machine has {})",
+                    self.devices.len()
+                ))
+            })?;
+        if let Some(p) = slot.get() {
+            return Ok(p);
+        }
+        let _g = lock(&self.device_pool_lock);
+        if let Some(p) = slot.get() {
+            return Ok(p);
+        }
+        let backing: Box<dyn Backing> = match self.mode {
+            Mode::System => Box::new(HostBacking::for_device(Kind::UMP_KIND_SYSTEM, device)),
+            Mode::Managed => Box::new(ManagedBacking::new(device)),
+            Mode::Registered => Box::new(RegisteredBacking::new(device)),
+            Mode::Device => Box::new(DeviceBacking::new(device)),
+            Mode::Host => unreachable!("checked above"),
+        };
+        let retain = if self.mode == Mode::System {
+            self.config.host_retain
+        } else {
+            usize::MAX
+        };
+        let p = Pool::new(backing, self.alignment, self.config.limit, retain);
+        Ok(*slot.get_or_init(|| p))
+    }
+
+    /// Every pool made so far, host first.
+    pub fn pools(&self) -> Vec<&'static Pool> {
+        std::iter::once(self.host)
+            .chain(self.devices.iter().filter_map(|s| s.get().copied()))
+            .collect()
+    }
+
+    /// Whether device code can reach memory of `kind` on this machine.
+    pub fn device_accessible(&self, kind: Kind) -> bool {
+        let hmm = !self.caps.devices.is_empty()
+            && self.caps.devices.iter().all(|d| d.pageable_memory_access);
+        match kind {
+            Kind::UMP_KIND_MANAGED | Kind::UMP_KIND_REGISTERED | Kind::UMP_KIND_DEVICE => true,
+            Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST => hmm,
+            Kind::UMP_KIND_FOREIGN_CUDA | Kind::UMP_KIND_UNKNOWN => false,
+        }
+    }
+}
+
+// ---- the host malloc family (NumPy's contract) ---------------------------------------------
+
+/// malloc: `n` bytes, aligned; 0 yields a unique block.
+pub fn malloc(n: usize) -> Result<usize> {
+    Ok(instance()?.host_pool().alloc(n)?.ptr)
+}
+
+/// calloc: zeroed `nelem * elsize` bytes; overflow is an error (ENOMEM at the C layer).
+pub fn calloc(nelem: usize, elsize: usize) -> Result<usize> {
+    let n = nelem
+        .checked_mul(elsize)
+        .ok_or_else(|| Error::bad_size(format!("{nelem} * {elsize} bytes overflows")))?;
+    let a = instance()?.host_pool().alloc(n)?;
+    if !a.zeroed && n > 0 {
+        // SAFETY: host-accessible block of at least n bytes, just allocated.
+        unsafe { std::ptr::write_bytes(a.ptr as *mut u8, 0, n) };
+    }
+    Ok(a.ptr)
+}
+
+/// The live block starting exactly at `ptr`, or the error that explains why not.
+pub fn block_at(ptr: usize) -> Result<BlockInfo> {
+    match pool::lookup(ptr) {
+        Some(info) if info.base == ptr => Ok(info),
+        Some(info) => Err(Error::not_ours(format!(
+            "{ptr:#x} points inside the block at {:#x}, not at its start",
+            info.base
+        ))),
+        None => match pool::entry_at(ptr) {
+            Some(_) => Err(Error::double_free(format!(
+                "{ptr:#x} is not a live block (already freed?)"
+            ))),
+            None => Err(Error::not_ours(format!(
+                "{ptr:#x} was not allocated by ump-alloc"
+            ))),
+        },
+    }
+}
+
+/// realloc: contents kept up to the smaller size, alignment kept; on failure the old block
+/// stays valid. `ptr == 0` is malloc.
+pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
+    if ptr == 0 {
+        return malloc(n);
+    }
+    let info = block_at(ptr)?;
+    if !info.pool.kind().host_accessible() {
+        return Err(Error::invalid(format!(
+            "{ptr:#x} is device memory; the host cannot reallocate it"
+        )));
+    }
+    if info.pool.resize_in_place(&info, n) {
+        return Ok(ptr);
+    }
+    let new = info.pool.alloc(n)?.ptr;
+    // SAFETY: both blocks are host-accessible, distinct, and at least this long.
+    unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, new as *mut u8, info.size.min(n)) };
+    info.pool.free(ptr)?;
+    Ok(new)
+}
+
+/// free: any live block of ours; `ptr == 0` is a no-op.
+pub fn free(ptr: usize) -> Result<()> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    match pool::entry_at(ptr) {
+        None => Err(Error::not_ours(format!(
+            "{ptr:#x} was not allocated by ump-alloc"
+        ))),
+        Some(_) => {
+            let info = pool::lookup(ptr);
+            let pool = match info {
+                Some(i) => i.pool,
+                None => return Err(block_at(ptr).unwrap_err()),
+            };
+            pool.free(ptr).map(|_| ())
+        }
+    }
+}
+
+// ---- the device side (CuPy's and PyTorch's contracts) --------------------------------------
+
+/// Allocate `n` bytes for GPU libraries on `device`. `stream` is the stream the block will be
+/// used on (0: the legacy default stream).
+pub fn device_malloc(n: usize, device: i32, _stream: usize) -> Result<usize> {
+    let a = instance()?;
+    Ok(a.device_pool(device)?.alloc(n)?.ptr)
+}
+
+/// Free a block made by [`device_malloc`] (any live block of ours is accepted).
+pub fn device_free(ptr: usize, _device: i32, _stream: usize) -> Result<()> {
+    free(ptr)
+}
+
+/// Give cached memory of every pool back to the OS and the driver. Returns bytes given back.
+pub fn trim() -> usize {
+    get().map_or(0, |a| a.pools().iter().map(|p| p.trim()).sum())
+}
+
+/// Set errno to ENOMEM (the malloc family's way of saying why NULL came back).
+pub fn set_enomem() {
+    os::set_errno(libc::ENOMEM);
+}

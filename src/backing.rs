@@ -1,0 +1,303 @@
+//! Backings: the resources at the bottom of the stack, in RMM's sense. Each hands out large
+//! granule-aligned chunks of one kind of memory; the pool above sub-allocates them.
+//! Host backings call `prim::os`; CUDA backings call `prim::cuda`. No policy lives here.
+
+use crate::error::{Error, Result};
+use crate::prim::{cuda, os};
+use crate::registry::GRANULE;
+use std::ptr::NonNull;
+
+/// What kind of memory a block is, as reported by `ump_identify`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum ump_kind {
+    /// Unknown: not ours, and neither CUDA nor the host page tables know it.
+    UMP_KIND_UNKNOWN = 0,
+    /// Ours: plain aligned host memory (modes `host` and `device`, NumPy side).
+    UMP_KIND_HOST = 1,
+    /// Ours: system-allocated memory that the GPU reads through HMM/ATS (mode `system`).
+    UMP_KIND_SYSTEM = 2,
+    /// Ours: CUDA managed memory (mode `managed`).
+    UMP_KIND_MANAGED = 3,
+    /// Ours: host memory registered with CUDA, mapped at the same address (mode `registered`).
+    UMP_KIND_REGISTERED = 4,
+    /// Ours: device memory from cuMemAlloc (mode `device`, GPU side).
+    UMP_KIND_DEVICE = 5,
+    /// Not ours, but known to CUDA (cudaMalloc, cudaMallocManaged, cudaHostAlloc, ...).
+    UMP_KIND_FOREIGN_CUDA = 6,
+    /// Not ours, ordinary host memory (malloc, stack, mmap) unknown to CUDA.
+    UMP_KIND_FOREIGN_HOST = 7,
+}
+
+pub use ump_kind as Kind;
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::UMP_KIND_UNKNOWN => "unknown",
+            Kind::UMP_KIND_HOST => "host",
+            Kind::UMP_KIND_SYSTEM => "system",
+            Kind::UMP_KIND_MANAGED => "managed",
+            Kind::UMP_KIND_REGISTERED => "registered",
+            Kind::UMP_KIND_DEVICE => "device",
+            Kind::UMP_KIND_FOREIGN_CUDA => "foreign-cuda",
+            Kind::UMP_KIND_FOREIGN_HOST => "foreign-host",
+        }
+    }
+
+    /// Whether the host CPU can load and store this memory directly.
+    pub fn host_accessible(self) -> bool {
+        !matches!(self, Kind::UMP_KIND_DEVICE | Kind::UMP_KIND_UNKNOWN)
+    }
+}
+
+/// One chunk handed out by a backing. `base` is granule-aligned and `size` a granule multiple;
+/// `raw`/`raw_size` are what must be given back (they differ when the backing over-allocates to
+/// reach granule alignment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    pub base: usize,
+    pub size: usize,
+    pub raw: usize,
+    pub raw_size: usize,
+}
+
+/// A source of chunks.
+pub trait Backing: Send + Sync {
+    /// The kind of every block carved from this backing.
+    fn kind(&self) -> Kind;
+    /// The device the memory is made for, or -1 for host-side pools.
+    fn device(&self) -> i32;
+    /// Obtain a chunk of exactly `size` usable bytes (a granule multiple), granule-aligned.
+    fn map(&self, size: usize) -> Result<Chunk>;
+    /// Give a chunk back.
+    ///
+    /// # Safety
+    /// `chunk` came from `map` on this backing and no block in it is used any more.
+    unsafe fn unmap(&self, chunk: &Chunk);
+    /// Whether fresh chunks read as zero (calloc may then skip clearing them).
+    fn fresh_is_zero(&self) -> bool {
+        false
+    }
+    /// Per-block advice when a block of `size` bytes is first handed out at `ptr`
+    /// (huge pages for host memory). Advisory.
+    fn advise_block(&self, _ptr: usize, _size: usize) {}
+}
+
+/// Blocks of at least this size get transparent huge pages on host-memory backings, as NumPy's
+/// default allocator does.
+pub(crate) const HUGEPAGE_MIN: usize = 4 << 20;
+
+/// Plain host memory from anonymous mappings: mode `host`, the NumPy side of mode `device`,
+/// and (with kind `system`) mode `system`, where the GPU reads it through HMM/ATS.
+pub struct HostBacking {
+    kind: Kind,
+    device: i32,
+}
+
+impl HostBacking {
+    pub fn new(kind: Kind) -> Self {
+        Self::for_device(kind, -1)
+    }
+    /// Host memory handed to a GPU library for `device` (mode `system`).
+    pub fn for_device(kind: Kind, device: i32) -> Self {
+        debug_assert!(matches!(kind, Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM));
+        HostBacking { kind, device }
+    }
+}
+
+impl Backing for HostBacking {
+    fn kind(&self) -> Kind {
+        self.kind
+    }
+    fn device(&self) -> i32 {
+        self.device
+    }
+    fn map(&self, size: usize) -> Result<Chunk> {
+        let p = os::map_aligned(size, GRANULE)
+            .ok_or_else(|| Error::oom(format!("the OS refused a mapping of {size} bytes")))?;
+        let base = p.as_ptr() as usize;
+        Ok(Chunk {
+            base,
+            size,
+            raw: base,
+            raw_size: size,
+        })
+    }
+    unsafe fn unmap(&self, chunk: &Chunk) {
+        if let Some(p) = NonNull::new(chunk.raw as *mut u8) {
+            // SAFETY: forwarded from the caller's contract.
+            unsafe { os::unmap(p, chunk.raw_size) };
+        }
+    }
+    fn fresh_is_zero(&self) -> bool {
+        true
+    }
+    fn advise_block(&self, ptr: usize, size: usize) {
+        if size >= HUGEPAGE_MIN {
+            os::advise_hugepage(ptr as *mut u8, size);
+        }
+    }
+}
+
+/// Obtain `size` granule-aligned bytes from a driver allocator that aligns as it likes: ask for
+/// exactly `size` first (large driver allocations come 2 MiB-aligned), and only when that is
+/// not granule-aligned, ask again for `size + GRANULE` and align inside it.
+fn aligned_driver_chunk(
+    size: usize,
+    alloc: impl Fn(usize) -> Result<usize>,
+    free: impl Fn(usize),
+) -> Result<Chunk> {
+    let raw = alloc(size)?;
+    if raw % GRANULE == 0 {
+        return Ok(Chunk {
+            base: raw,
+            size,
+            raw,
+            raw_size: size,
+        });
+    }
+    free(raw);
+    let raw_size = size + GRANULE;
+    let raw = alloc(raw_size)?;
+    Ok(Chunk {
+        base: raw.next_multiple_of(GRANULE),
+        size,
+        raw,
+        raw_size,
+    })
+}
+
+/// CUDA managed memory (mode `managed`). Device pools advise their chunks to prefer the
+/// device and prefetch them there once, so kernels start at full speed; the host pool leaves
+/// placement to the driver's fault-driven migration.
+pub struct ManagedBacking {
+    device: i32,
+}
+
+impl ManagedBacking {
+    pub fn new(device: i32) -> Self {
+        ManagedBacking { device }
+    }
+}
+
+impl Backing for ManagedBacking {
+    fn kind(&self) -> Kind {
+        Kind::UMP_KIND_MANAGED
+    }
+    fn device(&self) -> i32 {
+        self.device
+    }
+    fn map(&self, size: usize) -> Result<Chunk> {
+        let dev = self.device;
+        let chunk = aligned_driver_chunk(
+            size,
+            |n| cuda::alloc_managed(n, dev),
+            |p| {
+                // SAFETY: just allocated above and never handed out.
+                let _ = unsafe { cuda::free(p, dev) };
+            },
+        )?;
+        if dev >= 0 {
+            // Placement is advice: failures leave correct (if slower) memory.
+            let _ = cuda::advise_preferred(chunk.raw, chunk.raw_size, dev);
+            let _ = cuda::advise_accessed_by(chunk.raw, chunk.raw_size, dev);
+            let _ = cuda::prefetch(chunk.raw, chunk.raw_size, dev, 0);
+        }
+        Ok(chunk)
+    }
+    unsafe fn unmap(&self, chunk: &Chunk) {
+        // SAFETY: forwarded from the caller's contract.
+        let _ = unsafe { cuda::free(chunk.raw, self.device) };
+    }
+}
+
+/// Host memory registered with CUDA, mapped at the same address on every device
+/// (mode `registered`). Registration costs about 25 ms per GiB, so chunks are cached above.
+pub struct RegisteredBacking {
+    device: i32,
+}
+
+impl RegisteredBacking {
+    pub fn new(device: i32) -> Self {
+        RegisteredBacking { device }
+    }
+}
+
+impl Backing for RegisteredBacking {
+    fn kind(&self) -> Kind {
+        Kind::UMP_KIND_REGISTERED
+    }
+    fn device(&self) -> i32 {
+        self.device
+    }
+    fn map(&self, size: usize) -> Result<Chunk> {
+        let p = os::map_aligned(size, GRANULE)
+            .ok_or_else(|| Error::oom(format!("the OS refused a mapping of {size} bytes")))?;
+        let base = p.as_ptr() as usize;
+        // SAFETY: the mapping is ours and stays until unmap, which unregisters first.
+        if let Err(e) = unsafe { cuda::register(base, size, self.device) } {
+            // SAFETY: never handed out.
+            unsafe { os::unmap(p, size) };
+            return Err(e);
+        }
+        Ok(Chunk {
+            base,
+            size,
+            raw: base,
+            raw_size: size,
+        })
+    }
+    unsafe fn unmap(&self, chunk: &Chunk) {
+        // SAFETY: forwarded from the caller's contract; registered in `map`.
+        let _ = unsafe { cuda::unregister(chunk.raw, self.device) };
+        if let Some(p) = NonNull::new(chunk.raw as *mut u8) {
+            // SAFETY: forwarded from the caller's contract.
+            unsafe { os::unmap(p, chunk.raw_size) };
+        }
+    }
+    fn fresh_is_zero(&self) -> bool {
+        true
+    }
+    fn advise_block(&self, ptr: usize, size: usize) {
+        if size >= HUGEPAGE_MIN {
+            os::advise_hugepage(ptr as *mut u8, size);
+        }
+    }
+}
+
+/// Plain device memory (mode `device`, GPU side): the "UMP off" baseline.
+pub struct DeviceBacking {
+    device: i32,
+}
+
+impl DeviceBacking {
+    pub fn new(device: i32) -> Self {
+        DeviceBacking { device }
+    }
+}
+
+impl Backing for DeviceBacking {
+    fn kind(&self) -> Kind {
+        Kind::UMP_KIND_DEVICE
+    }
+    fn device(&self) -> i32 {
+        self.device
+    }
+    fn map(&self, size: usize) -> Result<Chunk> {
+        let dev = self.device;
+        aligned_driver_chunk(
+            size,
+            |n| cuda::alloc_device(n, dev),
+            |p| {
+                // SAFETY: just allocated above and never handed out.
+                let _ = unsafe { cuda::free(p, dev) };
+            },
+        )
+    }
+    unsafe fn unmap(&self, chunk: &Chunk) {
+        // SAFETY: forwarded from the caller's contract.
+        let _ = unsafe { cuda::free(chunk.raw, self.device) };
+    }
+}

@@ -1,0 +1,76 @@
+//! The C contract, one file per consumer. Every export:
+//! - starts with `ump_` and carries a doc comment that cbindgen copies into the header;
+//! - runs inside [`guard`], the one panic boundary: a panic becomes `UMP_ERR_INTERNAL` (or
+//!   NULL), with its message in `ump_last_error()`, and never unwinds into C;
+//! - checks NULL arguments and writes outputs only on success.
+
+pub mod cupy;
+pub mod numpy;
+pub mod query;
+pub mod torch;
+
+use crate::error::{self, Error, Status};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Run `f`; if it panics, record an internal error for `name` and return `on_panic`.
+#[inline]
+pub(crate) fn guard<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            error::report(&Error::new(
+                Status::UMP_ERR_INTERNAL,
+                format!("{name}: internal error: {what}"),
+            ));
+            on_panic
+        }
+    }
+}
+
+/// Report `e` for entry point `name` and return its status as a C int.
+pub(crate) fn fail(name: &str, e: Error) -> std::ffi::c_int {
+    error::report(&e.context(name)) as std::ffi::c_int
+}
+
+/// Run a status-returning body inside the boundary.
+pub(crate) fn status(name: &str, f: impl FnOnce() -> crate::error::Result<()>) -> std::ffi::c_int {
+    guard(
+        name,
+        Status::UMP_ERR_INTERNAL as std::ffi::c_int,
+        || match f() {
+            Ok(()) => Status::UMP_OK as std::ffi::c_int,
+            Err(e) => fail(name, e),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn panics_become_internal_errors() {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let r = guard("ump_test", -1, || -> i32 { panic!("boom") });
+        std::panic::set_hook(prev);
+        assert_eq!(r, -1);
+        let msg = crate::error::last_message().unwrap();
+        assert!(msg.contains("ump_test") && msg.contains("boom"), "{msg}");
+    }
+
+    #[test]
+    fn status_maps_errors() {
+        assert_eq!(status("ump_x", || Ok(())), 0);
+        assert_eq!(
+            status("ump_x", || Err(Error::invalid("bad"))),
+            Status::UMP_ERR_INVALID as i32
+        );
+        assert_eq!(crate::error::last_message().as_deref(), Some("ump_x: bad"));
+    }
+}

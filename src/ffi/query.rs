@@ -1,0 +1,397 @@
+//! Queries and control: errors, configuration, capabilities, identity. Shared by every consumer.
+
+use super::{guard, status};
+use crate::allocator;
+use crate::backing::Kind;
+use crate::error::{self, ERRORS, Error, Status};
+use crate::mode::{ModeRequest, ump_mode};
+use crate::pool;
+use crate::prim::{cuda, os};
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::Ordering;
+
+/// Most devices `ump_capabilities` describes.
+pub const UMP_MAX_DEVICES: usize = 16;
+
+/// Version of `ump_capabilities`.
+pub const UMP_CAPABILITIES_VERSION: u32 = 1;
+/// Version of `ump_identity`.
+pub const UMP_IDENTITY_VERSION: u32 = 1;
+
+/// Capabilities of one device.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct ump_device_caps {
+    /// CUDA device ordinal.
+    pub ordinal: i32,
+    /// The GPU can read pageable (malloc) memory: HMM or ATS.
+    pub pageable_memory_access: bool,
+    /// That access goes through the host page tables (ATS, e.g. Grace Hopper).
+    pub uses_host_page_tables: bool,
+    /// CPU and GPU may touch managed memory at the same time.
+    pub concurrent_managed_access: bool,
+    /// cuMemHostRegister is supported.
+    pub host_register_supported: bool,
+    /// Registered memory has the same address on the device.
+    pub host_pointer_for_registered_mem: bool,
+    /// Device memory in bytes.
+    pub total_memory: u64,
+    /// Device name, NUL-terminated.
+    pub name: [c_char; 96],
+}
+
+/// What this machine can do and which mode ump-alloc runs in. Versioned: set `size` to
+/// `sizeof(ump_capabilities)` (0 means "the current size") before calling.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct ump_capabilities {
+    /// In: bytes the caller provides (0: the current size). Out: bytes written.
+    pub size: u32,
+    /// Out: `UMP_CAPABILITIES_VERSION`.
+    pub version: u32,
+    /// A CUDA driver with at least one device is usable.
+    pub cuda_available: bool,
+    /// The driver has cuMemPrefetchAsync_v2 and cuMemAdvise_v2 (driver >= 12.2).
+    pub has_prefetch_v2: bool,
+    /// The mode and alignment are fixed (an allocation or `ump_init` happened).
+    pub mode_fixed: bool,
+    /// CUDA driver version, e.g. 13000; 0 without CUDA.
+    pub driver_version: i32,
+    /// Number of CUDA devices.
+    pub device_count: i32,
+    /// The mode in force, or the one the configuration would select (`UMP_MODE_UNSET` when the
+    /// configuration cannot be satisfied; `mode_reason` then says why).
+    pub mode: ump_mode,
+    /// Alignment of every block.
+    pub alignment: usize,
+    /// Why this mode (or what is wrong), NUL-terminated.
+    pub mode_reason: [c_char; 256],
+    /// The first `min(device_count, UMP_MAX_DEVICES)` devices.
+    pub devices: [ump_device_caps; UMP_MAX_DEVICES],
+}
+
+/// What `ump_identify` knows of an address. Versioned like `ump_capabilities`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct ump_identity {
+    /// In: bytes the caller provides (0: the current size). Out: bytes written.
+    pub size: u32,
+    /// Out: `UMP_IDENTITY_VERSION`.
+    pub version: u32,
+    /// The address lies in a live block of this library.
+    pub ours: bool,
+    /// The host may load and store this memory on this machine.
+    pub host_accessible: bool,
+    /// GPU kernels may load and store this memory on this machine (system memory only with
+    /// HMM or ATS).
+    pub device_accessible: bool,
+    /// What kind of memory it is.
+    pub kind: crate::backing::ump_kind,
+    /// Device the memory belongs to or was made for; -1 for host memory.
+    pub device: i32,
+    /// Start of the block (ours) or of the driver's allocation (foreign CUDA); else 0.
+    pub base: usize,
+    /// Size of the block in bytes as requested (ours) or the driver's range size; else 0.
+    pub block_size: usize,
+}
+
+fn copy_cstr(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len() - 1);
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
+}
+
+/// Write a versioned struct: honour the caller's `size` (first u32), write at most that many
+/// bytes, set `size` to the bytes written.
+///
+/// # Safety
+/// `out` points to at least `size` writable bytes (or `size_of::<T>()` when `size` is 0), and
+/// `T` starts with `size: u32, version: u32`.
+unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate::error::Result<()> {
+    // SAFETY: the caller guarantees `out` is readable for its first u32.
+    let want = unsafe { out.cast::<u32>().read_unaligned() } as usize;
+    let full = std::mem::size_of::<T>();
+    let n = if want == 0 { full } else { want.min(full) };
+    if n < 8 {
+        return Err(Error::invalid(format!(
+            "size {want} is too small for this struct"
+        )));
+    }
+    // SAFETY: T starts with a u32 size field.
+    unsafe { (&mut val as *mut T).cast::<u32>().write(n as u32) };
+    // SAFETY: `n` bytes of `val` are readable and the caller provides `n` writable bytes.
+    unsafe { std::ptr::copy_nonoverlapping((&val as *const T).cast::<u8>(), out.cast::<u8>(), n) };
+    Ok(())
+}
+
+/// This thread's last error message, or NULL when there is none. The string stays valid until
+/// the next failing call on this thread or `ump_clear_error()`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_last_error() -> *const c_char {
+    guard("ump_last_error", std::ptr::null(), error::last_ptr)
+}
+
+/// Forget this thread's last error message.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_clear_error() {
+    guard("ump_clear_error", (), error::clear_last)
+}
+
+/// Errors counted since the process started, over all threads (bad frees, double frees, bad
+/// sizes, out-of-memory, configuration errors).
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_error_count() -> u64 {
+    guard("ump_error_count", 0, || {
+        ERRORS.total.load(Ordering::Relaxed)
+    })
+}
+
+/// Initialise now: read the `UMP_ALLOC_*` configuration, select the mode, fix mode and
+/// alignment. Allocation does this implicitly; calling it first surfaces configuration errors
+/// (`UMP_ERR_CONFIG`, `UMP_ERR_UNSUPPORTED`) before any allocation.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_init() -> c_int {
+    status("ump_init", || allocator::init().map(|_| ()))
+}
+
+/// Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before
+/// the first allocation. A mode this machine cannot do gives `UMP_ERR_UNSUPPORTED` with the
+/// missing capability; a different mode after the first allocation gives `UMP_ERR_LOCKED`.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_set_mode(name: *const c_char) -> c_int {
+    status("ump_set_mode", || {
+        if name.is_null() {
+            return Err(Error::new(Status::UMP_ERR_NULL, "name is NULL"));
+        }
+        // SAFETY: non-NULL and NUL-terminated by the caller's contract.
+        let s = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+        let req = ModeRequest::parse(&s).map_err(|e| Error::invalid(format!("{s:?}: {e}")))?;
+        allocator::set_mode(req)
+    })
+}
+
+/// Request an alignment (a power of two, 16 ..= 65536) before the first allocation; after it,
+/// a different value gives `UMP_ERR_LOCKED`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_set_alignment(alignment: usize) -> c_int {
+    status("ump_set_alignment", || allocator::set_alignment(alignment))
+}
+
+/// The alignment in force (after initialisation), else the configured one; 0 when the
+/// configuration is invalid (see `ump_init`).
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_alignment() -> usize {
+    guard("ump_alignment", 0, || match allocator::get() {
+        Some(a) => a.alignment,
+        None => allocator::env_config().map_or(0, |c| c.alignment),
+    })
+}
+
+/// The mode in force, or `UMP_MODE_UNSET` before initialisation.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_current_mode() -> ump_mode {
+    guard("ump_current_mode", ump_mode::UMP_MODE_UNSET, || {
+        allocator::get().map_or(ump_mode::UMP_MODE_UNSET, |a| a.mode.to_c())
+    })
+}
+
+/// Library version, e.g. "0.1.0".
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_version() -> *const c_char {
+    const V: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => c"unknown",
+        };
+    V.as_ptr()
+}
+
+/// Give cached memory back to the OS and the CUDA driver (like CuPy's `free_all_blocks` and
+/// torch's `empty_cache`). Returns the bytes given back.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_trim() -> usize {
+    guard("ump_trim", 0, allocator::trim)
+}
+
+/// Fill `out` with the machine's capabilities and the mode (see `ump_capabilities`).
+/// Does not fix the mode. Returns `UMP_OK`, or `UMP_ERR_NULL` / `UMP_ERR_INVALID`.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `ump_capabilities` whose `size` field is set.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
+    status("ump_capabilities", || {
+        if out.is_null() {
+            return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
+        }
+        let caps = allocator::caps();
+        // SAFETY: all-zero is a valid value of this plain-data struct (UMP_MODE_UNSET is 0).
+        let mut c: ump_capabilities = unsafe { std::mem::zeroed() };
+        c.version = UMP_CAPABILITIES_VERSION;
+        c.cuda_available = caps.cuda_unavailable.is_none() && !caps.devices.is_empty();
+        c.has_prefetch_v2 = caps.has_prefetch_v2;
+        c.driver_version = caps.driver_version;
+        c.device_count = caps.devices.len() as i32;
+        match allocator::get() {
+            Some(a) => {
+                c.mode_fixed = true;
+                c.mode = a.mode.to_c();
+                c.alignment = a.alignment;
+                copy_cstr(&mut c.mode_reason, &a.mode_reason);
+            }
+            None => match allocator::env_config()
+                .and_then(|cfg| caps.select(cfg.mode).map(|m| (cfg, m)))
+            {
+                Ok((cfg, (m, why))) => {
+                    c.mode = m.to_c();
+                    c.alignment = cfg.alignment;
+                    copy_cstr(&mut c.mode_reason, &why);
+                }
+                Err(e) => copy_cstr(&mut c.mode_reason, &e.msg),
+            },
+        }
+        for (slot, d) in c.devices.iter_mut().zip(caps.devices.iter()) {
+            slot.ordinal = d.ordinal;
+            slot.pageable_memory_access = d.pageable_memory_access;
+            slot.uses_host_page_tables = d.uses_host_page_tables;
+            slot.concurrent_managed_access = d.concurrent_managed_access;
+            slot.host_register_supported = d.host_register_supported;
+            slot.host_pointer_for_registered_mem = d.host_pointer_for_registered_mem;
+            slot.total_memory = d.total_memory;
+            copy_cstr(&mut slot.name, &d.name);
+        }
+        // SAFETY: non-NULL; the caller provides `size` bytes.
+        unsafe { write_versioned(out, c) }
+    })
+}
+
+/// Fill an identity for any address, ours or not.
+pub(crate) fn identify(ptr: usize) -> ump_identity {
+    // SAFETY: all-zero is a valid value of this plain-data struct (UMP_KIND_UNKNOWN is 0).
+    let mut id: ump_identity = unsafe { std::mem::zeroed() };
+    id.version = UMP_IDENTITY_VERSION;
+    id.device = -1;
+    if let Some(info) = pool::lookup(ptr) {
+        let kind = info.pool.kind();
+        id.ours = true;
+        id.kind = kind;
+        id.device = info.pool.device();
+        id.base = info.base;
+        id.block_size = info.size;
+        id.host_accessible = kind.host_accessible();
+        id.device_accessible = allocator::get().is_some_and(|a| a.device_accessible(kind));
+        return id;
+    }
+    if let Some(p) = pool::pool_at(ptr) {
+        // Memory we hold in cache but that is not a live block.
+        id.kind = p.kind();
+        id.device = p.device();
+        id.host_accessible = p.kind().host_accessible();
+        id.device_accessible = allocator::get().is_some_and(|a| a.device_accessible(p.kind()));
+        return id;
+    }
+    if ptr == 0 {
+        return id;
+    }
+    if let Some(pi) = cuda::pointer_info(ptr) {
+        id.kind = Kind::UMP_KIND_FOREIGN_CUDA;
+        id.device = pi.device;
+        id.base = pi.range_start;
+        id.block_size = pi.range_size;
+        id.host_accessible = pi.is_managed || pi.memory_type == cuda::CU_MEMORYTYPE_HOST;
+        id.device_accessible = true;
+        return id;
+    }
+    if os::is_mapped(ptr) {
+        id.kind = Kind::UMP_KIND_FOREIGN_HOST;
+        id.host_accessible = true;
+        let hmm = allocator::caps();
+        id.device_accessible =
+            !hmm.devices.is_empty() && hmm.devices.iter().all(|d| d.pageable_memory_access);
+    }
+    id
+}
+
+/// Tell what `ptr` is: whether it lies in a live block of ours (any address inside the block,
+/// not only its start), the kind of memory, the block's base and size, its device, and
+/// whether the host and the GPU can reach it on this machine. Lock-free for our pointers;
+/// foreign pointers ask the CUDA driver. Returns `UMP_OK` (also for foreign and NULL
+/// addresses, which get `ours == false`) or `UMP_ERR_NULL` when `out` is NULL.
+///
+/// # Safety
+/// `out` is NULL or points to a writable `ump_identity` whose `size` field is set.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_identify(ptr: *const c_void, out: *mut ump_identity) -> c_int {
+    status("ump_identify", || {
+        if out.is_null() {
+            return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
+        }
+        let id = identify(ptr as usize);
+        // SAFETY: non-NULL; the caller provides `size` bytes.
+        unsafe { write_versioned(out, id) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identify_ours_foreign_and_null() {
+        let p = crate::ffi::numpy::ump_malloc(3000) as usize;
+        let id = identify(p + 1234);
+        assert!(id.ours);
+        assert_eq!(id.base, p);
+        assert_eq!(id.block_size, 3000);
+        assert!(id.host_accessible);
+        crate::ffi::numpy::ump_free(p as *mut c_void, 3000);
+        assert!(!identify(p).ours);
+        let x = Box::new(5u64);
+        let f = identify(&*x as *const u64 as usize);
+        assert!(!f.ours);
+        assert_eq!(f.kind, Kind::UMP_KIND_FOREIGN_HOST);
+        assert!(f.host_accessible);
+        assert_eq!(identify(0).kind, Kind::UMP_KIND_UNKNOWN);
+    }
+
+    #[test]
+    fn versioned_write_honours_size() {
+        let mut id: ump_identity = unsafe { std::mem::zeroed() };
+        id.size = 8;
+        // SAFETY: valid struct.
+        assert_eq!(unsafe { ump_identify(std::ptr::null(), &mut id) }, 0);
+        assert_eq!(id.size, 8);
+        assert_eq!(id.version, UMP_IDENTITY_VERSION);
+        id.size = 4;
+        // SAFETY: valid struct.
+        assert_eq!(
+            unsafe { ump_identify(std::ptr::null(), &mut id) },
+            Status::UMP_ERR_INVALID as i32
+        );
+        // SAFETY: NULL out is checked.
+        assert_eq!(
+            unsafe { ump_identify(std::ptr::null(), std::ptr::null_mut()) },
+            Status::UMP_ERR_NULL as i32
+        );
+    }
+
+    #[test]
+    fn capabilities_without_gpu() {
+        let mut c: ump_capabilities = unsafe { std::mem::zeroed() };
+        // SAFETY: valid struct, size 0 = current.
+        assert_eq!(unsafe { ump_capabilities(&mut c) }, 0);
+        assert_eq!(c.size as usize, std::mem::size_of::<ump_capabilities>());
+        assert_eq!(c.version, UMP_CAPABILITIES_VERSION);
+        if !c.cuda_available {
+            assert_eq!(c.device_count, 0);
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! ump-alloc: one allocator for NumPy, CuPy and PyTorch over memory that both the CPU and the
+//! GPU can reach, chosen per machine.
+//!
+//! Layers, bottom up:
+//! - [`prim`]: every OS call (`prim::os`) and every CUDA driver call (`prim::cuda`).
+//! - [`backing`]: resources that hand out chunks of one kind of memory (host, system, managed,
+//!   registered, device).
+//! - [`pool`]: the caching sub-allocator over a backing (slabs for small blocks, best-fit spans
+//!   with splitting and coalescing for large ones), with [`stats`] built in and the lock-free
+//!   [`registry`] that answers "is this pointer ours".
+//! - [`mode`] and [`config`]: policy (which backing, which alignment), from capabilities and
+//!   `UMP_ALLOC_*` variables.
+//! - [`allocator`]: the process-wide state composing the above.
+//! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, query).
+
+pub mod allocator;
+pub mod backing;
+pub mod config;
+pub mod error;
+pub mod ffi;
+pub mod mode;
+pub mod pool;
+pub mod prim;
+pub mod registry;
+pub mod stats;
+
+pub use error::{Error, Result, Status};
+pub use mode::Mode;

@@ -1,0 +1,1015 @@
+//! The pool: a caching sub-allocator over one backing (RMM's pool adaptor over a resource).
+//!
+//! - Chunks come from the backing (large, granule-aligned) and are cut into *spans* (granule
+//!   multiples) by best fit, with splitting and coalescing. Free spans sit in an ordered set
+//!   keyed by (length, address), so finding the best fit costs O(log n) in the number of free
+//!   spans, never a scan.
+//! - Small requests (up to [`SMALL_MAX`]) are served from *slabs*: spans cut into equal slots of
+//!   one size class. A class keeps a LIFO stack of free slots, so a cached alloc+free is a pop
+//!   and a push under one uncontended lock.
+//! - All bookkeeping lives outside the memory itself (device memory is not host-readable), in
+//!   descriptors the registry points to. Descriptors are never freed, only recycled inside
+//!   their pool, so lock-free readers (`lookup`) can always dereference what they load.
+
+use crate::backing::{Backing, Chunk, Kind};
+use crate::error::{Error, Result};
+use crate::registry::{self, GRANULE};
+use crate::stats::PoolStats;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// Largest request served from slabs; larger ones get spans of their own.
+pub(crate) const SMALL_MAX: usize = 256 << 10;
+/// Default size of a chunk that spans are cut from. Requests of half of it or more get a
+/// chunk of their own.
+pub(crate) const ARENA: usize = 64 << 20;
+/// Largest slab.
+const SLAB_MAX: usize = 4 << 20;
+/// Largest request accepted at all (keeps every size computation far from overflow).
+pub(crate) const MAX_REQUEST: usize = isize::MAX as usize / 2;
+
+const TAG_SPAN: usize = 1;
+const TAG_SLAB: usize = 2;
+const TAG_MASK: usize = 3;
+
+const SPAN_FREE: u8 = 0;
+const SPAN_USED: u8 = 1;
+const SPAN_SLAB: u8 = 2;
+
+/// Lock a mutex, ignoring poisoning: a panic caught at the C boundary must not wedge the pool.
+/// Every critical section keeps the state consistent at each point a panic could occur.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Size classes for one alignment.
+pub struct ClassTable {
+    align: usize,
+    sizes: Vec<usize>,
+    slab_bytes: Vec<usize>,
+    /// Class index by `ceil(n / align)`, for `n <= SMALL_MAX`.
+    lookup: Vec<u8>,
+}
+
+impl ClassTable {
+    pub fn new(align: usize) -> Self {
+        assert!(align.is_power_of_two() && (16..=GRANULE).contains(&align));
+        let mut sizes: Vec<usize> = (1..=8)
+            .map(|k| k * align)
+            .filter(|&s| s <= SMALL_MAX)
+            .collect();
+        let mut base = 8 * align;
+        while base < SMALL_MAX {
+            for m in [5, 6, 7, 8] {
+                let s = (base * m / 4).next_multiple_of(align);
+                if s <= SMALL_MAX && s > *sizes.last().unwrap() {
+                    sizes.push(s);
+                }
+            }
+            base *= 2;
+        }
+        assert!(sizes.len() < 256);
+        let slab_bytes = sizes
+            .iter()
+            .map(|&s| (s * 32).next_power_of_two().clamp(GRANULE, SLAB_MAX))
+            .collect();
+        let mut lookup = vec![0u8; SMALL_MAX / align + 1];
+        let mut ci = 0;
+        for (q, slot) in lookup.iter_mut().enumerate() {
+            while sizes[ci] < q * align {
+                ci += 1;
+            }
+            *slot = ci as u8;
+        }
+        ClassTable {
+            align,
+            sizes,
+            slab_bytes,
+            lookup,
+        }
+    }
+
+    /// The class serving `n` bytes (`n <= SMALL_MAX`).
+    #[inline]
+    pub fn class_of(&self, n: usize) -> usize {
+        self.lookup[n.div_ceil(self.align)] as usize
+    }
+
+    pub fn size(&self, ci: usize) -> usize {
+        self.sizes[ci]
+    }
+
+    pub fn len(&self) -> usize {
+        self.sizes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sizes.is_empty()
+    }
+}
+
+/// Descriptor of a span: a granule-aligned range inside one chunk.
+pub struct Span {
+    pool: &'static Pool,
+    start: AtomicUsize,
+    len: AtomicUsize,
+    state: AtomicU8,
+    /// Requested bytes while used.
+    req: AtomicUsize,
+    chunk_base: AtomicUsize,
+    chunk_len: AtomicUsize,
+    /// Whether the span may hold non-zero bytes (false only for never-used backing memory
+    /// that reads as zero).
+    dirty: AtomicBool,
+    /// Whether huge-page advice was already given for this range.
+    advised: AtomicBool,
+}
+
+/// Descriptor of a slab: a span cut into equal slots of one class.
+pub struct Slab {
+    pool: &'static Pool,
+    class: usize,
+    slot: usize,
+    nslots: usize,
+    base: AtomicUsize,
+    span: AtomicUsize,
+    /// One bit per slot: set while the slot is handed out.
+    bits: Box<[AtomicU64]>,
+    /// Requested bytes per live slot.
+    sizes: Box<[AtomicU32]>,
+    live: AtomicUsize,
+}
+
+impl Slab {
+    fn span(&self) -> &'static Span {
+        // SAFETY: `span` always holds a pointer to a leaked, never-freed Span descriptor.
+        unsafe { &*(self.span.load(Ordering::Acquire) as *const Span) }
+    }
+}
+
+#[derive(Default)]
+struct ClassState {
+    /// Free slots, most recently freed last.
+    free: Vec<(&'static Slab, u32)>,
+    /// Every slab of the class that is in use.
+    slabs: Vec<&'static Slab>,
+    /// Recycled descriptors.
+    spare: Vec<&'static Slab>,
+}
+
+#[derive(Default)]
+struct Large {
+    /// Free spans keyed by (length, start).
+    free: BTreeSet<(usize, usize)>,
+    chunks: Vec<Chunk>,
+    spare: Vec<&'static Span>,
+    /// Bytes in free spans that cover a whole chunk (what can go back to the backing).
+    idle: usize,
+}
+
+/// Where a live block is, as the registry and descriptors say.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockInfo {
+    pub pool: &'static Pool,
+    pub base: usize,
+    /// Requested size.
+    pub size: usize,
+    /// Usable size (the slot or span length).
+    pub capacity: usize,
+}
+
+/// The result of an allocation.
+#[derive(Clone, Copy, Debug)]
+pub struct Alloc {
+    pub ptr: usize,
+    /// True when the block is known to read as zero already.
+    pub zeroed: bool,
+}
+
+/// A caching pool over one backing.
+pub struct Pool {
+    backing: Box<dyn Backing>,
+    table: ClassTable,
+    classes: Box<[Mutex<ClassState>]>,
+    large: Mutex<Large>,
+    pub stats: PoolStats,
+    limit: Option<usize>,
+    /// Free bytes kept in otherwise empty chunks before they go back to the backing.
+    retain: usize,
+}
+
+/// Descriptor a registry entry points at.
+pub enum Entry {
+    Span(&'static Span),
+    Slab(&'static Slab),
+}
+
+/// Decode a registry entry.
+#[inline]
+pub fn entry_at(addr: usize) -> Option<Entry> {
+    let e = registry::get(addr);
+    let p = e & !TAG_MASK;
+    if p == 0 {
+        return None;
+    }
+    // SAFETY: the registry holds only tagged pointers to leaked, never-freed descriptors.
+    match e & TAG_MASK {
+        TAG_SPAN => Some(Entry::Span(unsafe { &*(p as *const Span) })),
+        TAG_SLAB => Some(Entry::Slab(unsafe { &*(p as *const Slab) })),
+        _ => None,
+    }
+}
+
+/// The pool whose memory holds `addr` (live block or cached), if any. Lock-free.
+pub fn pool_at(addr: usize) -> Option<&'static Pool> {
+    match entry_at(addr)? {
+        Entry::Span(s) => Some(s.pool),
+        Entry::Slab(s) => Some(s.pool),
+    }
+}
+
+/// Find the live block containing `addr` (any pool). Lock-free.
+#[inline]
+pub fn lookup(addr: usize) -> Option<BlockInfo> {
+    match entry_at(addr)? {
+        Entry::Slab(s) => {
+            let base = s.base.load(Ordering::Acquire);
+            let off = addr.checked_sub(base)?;
+            let idx = off / s.slot;
+            if idx >= s.nslots {
+                return None;
+            }
+            let bit = 1u64 << (idx % 64);
+            if s.bits[idx / 64].load(Ordering::Acquire) & bit == 0 {
+                return None;
+            }
+            Some(BlockInfo {
+                pool: s.pool,
+                base: base + idx * s.slot,
+                size: s.sizes[idx].load(Ordering::Relaxed) as usize,
+                capacity: s.slot,
+            })
+        }
+        Entry::Span(sp) => {
+            if sp.state.load(Ordering::Acquire) != SPAN_USED {
+                return None;
+            }
+            let start = sp.start.load(Ordering::Acquire);
+            let len = sp.len.load(Ordering::Acquire);
+            if addr < start || addr >= start + len {
+                return None;
+            }
+            Some(BlockInfo {
+                pool: sp.pool,
+                base: start,
+                size: sp.req.load(Ordering::Relaxed),
+                capacity: len,
+            })
+        }
+    }
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("kind", &self.kind())
+            .field("device", &self.device())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// Make a pool. Pools live for the whole process (descriptors point back at them).
+    pub fn new(
+        backing: Box<dyn Backing>,
+        align: usize,
+        limit: Option<usize>,
+        retain: usize,
+    ) -> &'static Pool {
+        let table = ClassTable::new(align);
+        let classes = (0..table.len())
+            .map(|_| Mutex::new(ClassState::default()))
+            .collect();
+        Box::leak(Box::new(Pool {
+            backing,
+            table,
+            classes,
+            large: Mutex::new(Large::default()),
+            stats: PoolStats::default(),
+            limit,
+            retain,
+        }))
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.backing.kind()
+    }
+
+    pub fn device(&self) -> i32 {
+        self.backing.device()
+    }
+
+    pub fn alignment(&self) -> usize {
+        self.table.align
+    }
+
+    pub fn backing(&self) -> &dyn Backing {
+        &*self.backing
+    }
+
+    /// Allocate `n` bytes (0 is allowed and yields a unique block).
+    pub fn alloc(&'static self, n: usize) -> Result<Alloc> {
+        if n > MAX_REQUEST {
+            return Err(Error::bad_size(format!(
+                "size {n} is too large (the limit is {MAX_REQUEST})"
+            )));
+        }
+        let a = if n <= SMALL_MAX {
+            self.alloc_small(n)?
+        } else {
+            self.alloc_large(n)?
+        };
+        self.stats.on_alloc(n);
+        Ok(a)
+    }
+
+    /// Free the block starting at `ptr`. Errors leave everything as it was.
+    pub fn free(&'static self, ptr: usize) -> Result<usize> {
+        let freed = match entry_at(ptr) {
+            Some(Entry::Slab(s)) if std::ptr::eq(s.pool, self) => self.free_small(s, ptr)?,
+            Some(Entry::Span(sp)) if std::ptr::eq(sp.pool, self) => self.free_large(sp, ptr)?,
+            _ => {
+                return Err(Error::not_ours(format!(
+                    "{ptr:#x} was not allocated by this pool"
+                )));
+            }
+        };
+        self.stats.on_free(freed);
+        Ok(freed)
+    }
+
+    // ---- small blocks ------------------------------------------------------------------
+
+    fn alloc_small(&'static self, n: usize) -> Result<Alloc> {
+        let ci = self.table.class_of(n);
+        let mut st = lock(&self.classes[ci]);
+        let (slab, idx) = match st.free.pop() {
+            Some(x) => {
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                x
+            }
+            None => {
+                self.grow_class(ci, &mut st)?;
+                st.free.pop().expect("a new slab has free slots")
+            }
+        };
+        // `live` changes only under the class lock, so trim never takes a slab with a slot out.
+        slab.live.fetch_add(1, Ordering::Relaxed);
+        drop(st);
+        let i = idx as usize;
+        slab.sizes[i].store(n as u32, Ordering::Relaxed);
+        slab.bits[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
+        let ptr = slab.base.load(Ordering::Relaxed) + i * slab.slot;
+        Ok(Alloc { ptr, zeroed: false })
+    }
+
+    fn grow_class(&'static self, ci: usize, st: &mut ClassState) -> Result<()> {
+        let bytes = self.table.slab_bytes[ci];
+        let slot = self.table.sizes[ci];
+        let nslots = bytes / slot;
+        let span = self.take_span(bytes)?;
+        let slab = st.spare.pop().unwrap_or_else(|| {
+            Box::leak(Box::new(Slab {
+                pool: self,
+                class: ci,
+                slot,
+                nslots,
+                base: AtomicUsize::new(0),
+                span: AtomicUsize::new(0),
+                bits: (0..nslots.div_ceil(64))
+                    .map(|_| AtomicU64::new(0))
+                    .collect(),
+                sizes: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
+                live: AtomicUsize::new(0),
+            }))
+        });
+        let start = span.start.load(Ordering::Relaxed);
+        slab.base.store(start, Ordering::Release);
+        slab.span
+            .store(span as *const Span as usize, Ordering::Release);
+        span.state.store(SPAN_SLAB, Ordering::Release);
+        span.dirty.store(true, Ordering::Relaxed);
+        registry::set_range(start, bytes, slab as *const Slab as usize | TAG_SLAB);
+        st.slabs.push(slab);
+        st.free.reserve(nslots);
+        // Lowest addresses pop first.
+        st.free.extend((0..nslots as u32).rev().map(|i| (slab, i)));
+        Ok(())
+    }
+
+    fn free_small(&'static self, s: &'static Slab, ptr: usize) -> Result<usize> {
+        let base = s.base.load(Ordering::Acquire);
+        let off = ptr - base;
+        let idx = off / s.slot;
+        if off % s.slot != 0 || idx >= s.nslots {
+            return Err(Error::not_ours(format!(
+                "{ptr:#x} points inside a block, not at its start"
+            )));
+        }
+        let bit = 1u64 << (idx % 64);
+        let prev = s.bits[idx / 64].fetch_and(!bit, Ordering::AcqRel);
+        if prev & bit == 0 {
+            return Err(double_free(ptr));
+        }
+        let n = s.sizes[idx].load(Ordering::Relaxed) as usize;
+        let mut st = lock(&self.classes[s.class]);
+        s.live.fetch_sub(1, Ordering::Relaxed);
+        st.free.push((s, idx as u32));
+        Ok(n)
+    }
+
+    /// Give every empty slab back to the span allocator. Returns bytes released to spans.
+    fn trim_slabs(&'static self) -> usize {
+        let mut released = 0;
+        for cls in self.classes.iter() {
+            let mut st = lock(cls);
+            let empty: Vec<&'static Slab> = st
+                .slabs
+                .iter()
+                .copied()
+                .filter(|s| s.live.load(Ordering::Acquire) == 0)
+                .collect();
+            if empty.is_empty() {
+                continue;
+            }
+            st.free.retain(|(s, _)| s.live.load(Ordering::Acquire) != 0);
+            st.slabs.retain(|s| s.live.load(Ordering::Acquire) != 0);
+            for s in empty {
+                let span = s.span();
+                let len = span.len.load(Ordering::Relaxed);
+                registry::set_range(
+                    span.start.load(Ordering::Relaxed),
+                    len,
+                    span as *const Span as usize | TAG_SPAN,
+                );
+                span.state.store(SPAN_USED, Ordering::Release);
+                released += len;
+                self.release_span(span);
+                st.spare.push(s);
+            }
+        }
+        released
+    }
+
+    // ---- large blocks ------------------------------------------------------------------
+
+    fn alloc_large(&'static self, n: usize) -> Result<Alloc> {
+        let len = n.next_multiple_of(GRANULE);
+        let span = self.take_span(len)?;
+        span.req.store(n, Ordering::Relaxed);
+        let zeroed = !span.dirty.swap(true, Ordering::Relaxed);
+        let start = span.start.load(Ordering::Relaxed);
+        if !span.advised.swap(true, Ordering::Relaxed) {
+            self.backing.advise_block(start, len);
+        }
+        Ok(Alloc { ptr: start, zeroed })
+    }
+
+    fn free_large(&'static self, sp: &'static Span, ptr: usize) -> Result<usize> {
+        let mut lg = lock(&self.large);
+        let state = sp.state.load(Ordering::Acquire);
+        let start = sp.start.load(Ordering::Acquire);
+        if state == SPAN_FREE && ptr >= start && ptr < start + sp.len.load(Ordering::Relaxed) {
+            return Err(double_free(ptr));
+        }
+        if state != SPAN_USED {
+            return Err(Error::not_ours(format!("{ptr:#x} is not a live block")));
+        }
+        if ptr != start {
+            return Err(Error::not_ours(format!(
+                "{ptr:#x} points inside a block, not at its start"
+            )));
+        }
+        let n = sp.req.load(Ordering::Relaxed);
+        sp.state.store(SPAN_FREE, Ordering::Release);
+        self.insert_free(&mut lg, sp);
+        self.maybe_release(&mut lg);
+        Ok(n)
+    }
+
+    /// Return a used (not slab) span to the free set, under the large lock.
+    fn release_span(&'static self, sp: &'static Span) {
+        let mut lg = lock(&self.large);
+        sp.state.store(SPAN_FREE, Ordering::Release);
+        self.insert_free(&mut lg, sp);
+        self.maybe_release(&mut lg);
+    }
+
+    /// Take a span of exactly `len` bytes (granule multiple), mapping a chunk if needed.
+    /// The span comes back in state USED (so no concurrent free merges it), with the registry
+    /// pointing at it.
+    fn take_span(&'static self, len: usize) -> Result<&'static Span> {
+        let mut lg = lock(&self.large);
+        let sp = if let Some(&(flen, fstart)) = lg.free.range((len, 0)..).next() {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            lg.free.remove(&(flen, fstart));
+            let Some(Entry::Span(sp)) = entry_at(fstart) else {
+                unreachable!("free set entries are registered spans")
+            };
+            if is_whole_chunk(sp) {
+                lg.idle -= flen;
+            }
+            sp
+        } else {
+            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            let chunk_len = if len >= ARENA / 2 { len } else { ARENA };
+            let chunk = self.map_chunk(&mut lg, chunk_len, len)?;
+            self.new_span(
+                &mut lg,
+                chunk.base,
+                chunk.size,
+                &chunk,
+                !self.backing.fresh_is_zero(),
+            )
+        };
+        let taken = self.split_tail(&mut lg, sp, len);
+        taken.state.store(SPAN_USED, Ordering::Release);
+        Ok(taken)
+    }
+
+    /// Map a chunk of `want` bytes (falling back to `need` bytes), honouring the limit and
+    /// retrying once after giving cached chunks back.
+    fn map_chunk(&'static self, lg: &mut Large, want: usize, need: usize) -> Result<Chunk> {
+        let mapped = self.stats.mapped.load(Ordering::Relaxed);
+        let size = match self.limit {
+            Some(limit) if mapped + want > limit => {
+                if mapped + need > limit {
+                    self.release_free_chunks(lg, 0);
+                    let mapped = self.stats.mapped.load(Ordering::Relaxed);
+                    if mapped + need > limit {
+                        return Err(Error::oom(format!(
+                            "UMP_ALLOC_LIMIT of {limit} bytes reached ({mapped} mapped, {need} more needed)"
+                        )));
+                    }
+                }
+                need
+            }
+            _ => want,
+        };
+        let chunk = match self.backing.map(size) {
+            Ok(c) => c,
+            Err(_) => {
+                // Out of memory in the backing: give back what is cached and try once more,
+                // with the smallest chunk that serves the request.
+                self.release_free_chunks(lg, 0);
+                self.backing.map(need).map_err(|e| {
+                    Error::oom(format!(
+                        "cannot get {need} bytes of {} memory: {}",
+                        self.kind().name(),
+                        e.msg
+                    ))
+                })?
+            }
+        };
+        self.stats.on_map(chunk.size);
+        lg.chunks.push(chunk);
+        Ok(chunk)
+    }
+
+    fn new_span(
+        &'static self,
+        lg: &mut Large,
+        start: usize,
+        len: usize,
+        chunk: &Chunk,
+        dirty: bool,
+    ) -> &'static Span {
+        let sp = lg.spare.pop().unwrap_or_else(|| {
+            Box::leak(Box::new(Span {
+                pool: self,
+                start: AtomicUsize::new(0),
+                len: AtomicUsize::new(0),
+                state: AtomicU8::new(SPAN_FREE),
+                req: AtomicUsize::new(0),
+                chunk_base: AtomicUsize::new(0),
+                chunk_len: AtomicUsize::new(0),
+                dirty: AtomicBool::new(false),
+                advised: AtomicBool::new(false),
+            }))
+        });
+        sp.start.store(start, Ordering::Release);
+        sp.len.store(len, Ordering::Release);
+        sp.state.store(SPAN_FREE, Ordering::Release);
+        sp.chunk_base.store(chunk.base, Ordering::Relaxed);
+        sp.chunk_len.store(chunk.size, Ordering::Relaxed);
+        sp.dirty.store(dirty, Ordering::Relaxed);
+        sp.advised.store(false, Ordering::Relaxed);
+        registry::set_range(start, len, sp as *const Span as usize | TAG_SPAN);
+        sp
+    }
+
+    /// Cut `len` bytes off the end of free span `sp` (already out of the free set) and return
+    /// the span for them; the front stays free. Only the granules of the cut part are
+    /// re-registered, so the cost follows the size handed out.
+    fn split_tail(&'static self, lg: &mut Large, sp: &'static Span, len: usize) -> &'static Span {
+        let flen = sp.len.load(Ordering::Relaxed);
+        if flen == len {
+            return sp;
+        }
+        let start = sp.start.load(Ordering::Relaxed);
+        let chunk = chunk_of(sp);
+        sp.len.store(flen - len, Ordering::Release);
+        lg.free.insert((flen - len, start));
+        let tail = self.new_span(
+            lg,
+            start + flen - len,
+            len,
+            &chunk,
+            sp.dirty.load(Ordering::Relaxed),
+        );
+        tail.advised
+            .store(sp.advised.load(Ordering::Relaxed), Ordering::Relaxed);
+        tail
+    }
+
+    /// Put free span `sp` into the free set, merging it with free neighbours in its chunk.
+    fn insert_free(&'static self, lg: &mut Large, sp: &'static Span) {
+        let cbase = sp.chunk_base.load(Ordering::Relaxed);
+        let cend = cbase + sp.chunk_len.load(Ordering::Relaxed);
+        let mut cur = sp;
+        // Merge with the next span.
+        let end = cur.start.load(Ordering::Relaxed) + cur.len.load(Ordering::Relaxed);
+        if end < cend {
+            if let Some(Entry::Span(next)) = entry_at(end) {
+                if next.state.load(Ordering::Acquire) == SPAN_FREE
+                    && next.chunk_base.load(Ordering::Relaxed) == cbase
+                {
+                    self.absorb(lg, cur, next);
+                }
+            }
+        }
+        // Merge into the previous span.
+        let start = cur.start.load(Ordering::Relaxed);
+        if start > cbase {
+            if let Some(Entry::Span(prev)) = entry_at(start - 1) {
+                if prev.state.load(Ordering::Acquire) == SPAN_FREE
+                    && prev.chunk_base.load(Ordering::Relaxed) == cbase
+                {
+                    self.unlist_free(lg, prev);
+                    self.absorb_into(lg, prev, cur);
+                    cur = prev;
+                }
+            }
+        }
+        let len = cur.len.load(Ordering::Relaxed);
+        lg.free.insert((len, cur.start.load(Ordering::Relaxed)));
+        if is_whole_chunk(cur) {
+            lg.idle += len;
+        }
+    }
+
+    /// `a` (not in the free set) takes over its free right neighbour `b` (in the free set).
+    fn absorb(&'static self, lg: &mut Large, a: &'static Span, b: &'static Span) {
+        self.unlist_free(lg, b);
+        self.absorb_into(lg, a, b);
+    }
+
+    /// Take free span `sp` out of the free set (keeping the idle count right).
+    fn unlist_free(&self, lg: &mut Large, sp: &Span) {
+        let len = sp.len.load(Ordering::Relaxed);
+        lg.free.remove(&(len, sp.start.load(Ordering::Relaxed)));
+        if is_whole_chunk(sp) {
+            lg.idle -= len;
+        }
+    }
+
+    /// `a` takes over its right neighbour `b`; `b`'s descriptor is recycled.
+    fn absorb_into(&'static self, lg: &mut Large, a: &'static Span, b: &'static Span) {
+        let blen = b.len.load(Ordering::Relaxed);
+        let bstart = b.start.load(Ordering::Relaxed);
+        registry::set_range(bstart, blen, a as *const Span as usize | TAG_SPAN);
+        a.len.fetch_add(blen, Ordering::AcqRel);
+        let dirty = a.dirty.load(Ordering::Relaxed) || b.dirty.load(Ordering::Relaxed);
+        a.dirty.store(dirty, Ordering::Relaxed);
+        let advised = a.advised.load(Ordering::Relaxed) && b.advised.load(Ordering::Relaxed);
+        a.advised.store(advised, Ordering::Relaxed);
+        b.len.store(0, Ordering::Release);
+        lg.spare.push(b);
+    }
+
+    /// Give wholly free chunks back while more than `retain` bytes sit free in them.
+    /// O(1) unless there is something to give back.
+    fn maybe_release(&'static self, lg: &mut Large) {
+        if lg.idle > self.retain {
+            self.release_free_chunks(lg, self.retain);
+        }
+    }
+
+    /// Give wholly free chunks back to the backing, largest first, until at most `keep` bytes
+    /// of them remain. Returns the bytes given back.
+    fn release_free_chunks(&'static self, lg: &mut Large, keep: usize) -> usize {
+        let whole: Vec<(usize, usize)> = lg
+            .free
+            .iter()
+            .rev()
+            .copied()
+            .filter(|&(len, start)| lg.chunks.iter().any(|c| c.base == start && c.size == len))
+            .collect();
+        let mut kept: usize = whole.iter().map(|w| w.0).sum();
+        let mut released = 0;
+        for (len, start) in whole {
+            if kept <= keep {
+                break;
+            }
+            let Some(Entry::Span(sp)) = entry_at(start) else {
+                unreachable!("free spans are registered")
+            };
+            self.unlist_free(lg, sp);
+            registry::set_range(start, len, 0);
+            let pos = lg
+                .chunks
+                .iter()
+                .position(|c| c.base == start)
+                .expect("chunk record");
+            let chunk = lg.chunks.swap_remove(pos);
+            // SAFETY: the chunk is wholly free and no longer registered.
+            unsafe { self.backing.unmap(&chunk) };
+            self.stats.on_unmap(chunk.size);
+            sp.len.store(0, Ordering::Release);
+            lg.spare.push(sp);
+            kept -= len;
+            released += len;
+        }
+        released
+    }
+
+    /// Return every cached byte that can be returned: empty slabs go back to spans, wholly
+    /// free chunks go back to the backing. Returns the bytes given back to the backing.
+    pub fn trim(&'static self) -> usize {
+        self.trim_slabs();
+        let mut lg = lock(&self.large);
+        self.release_free_chunks(&mut lg, 0)
+    }
+
+    /// Resize in place when the block's capacity already fits `n` without wasting more than
+    /// half of it. Returns true when done.
+    pub fn resize_in_place(&'static self, info: &BlockInfo, n: usize) -> bool {
+        if n > info.capacity {
+            return false;
+        }
+        match entry_at(info.base) {
+            Some(Entry::Slab(s)) if n <= SMALL_MAX && self.table.class_of(n) == s.class => {
+                let idx = (info.base - s.base.load(Ordering::Relaxed)) / s.slot;
+                s.sizes[idx].store(n as u32, Ordering::Relaxed);
+            }
+            Some(Entry::Span(sp))
+                if n > SMALL_MAX && n.next_multiple_of(GRANULE) == info.capacity =>
+            {
+                sp.req.store(n, Ordering::Relaxed);
+            }
+            _ => return false,
+        }
+        self.stats.on_resize(info.size, n);
+        true
+    }
+
+    /// Bytes of free memory held in chunks and slabs (mapped but not handed out).
+    pub fn cached_bytes(&self) -> usize {
+        let lg = lock(&self.large);
+        let spans: usize = lg.free.iter().map(|f| f.0).sum();
+        drop(lg);
+        let slots: usize = self
+            .classes
+            .iter()
+            .enumerate()
+            .map(|(ci, c)| lock(c).free.len() * self.table.sizes[ci])
+            .sum();
+        spans + slots
+    }
+}
+
+fn is_whole_chunk(sp: &Span) -> bool {
+    sp.start.load(Ordering::Relaxed) == sp.chunk_base.load(Ordering::Relaxed)
+        && sp.len.load(Ordering::Relaxed) == sp.chunk_len.load(Ordering::Relaxed)
+}
+
+fn chunk_of(sp: &Span) -> Chunk {
+    let base = sp.chunk_base.load(Ordering::Relaxed);
+    let size = sp.chunk_len.load(Ordering::Relaxed);
+    Chunk {
+        base,
+        size,
+        raw: base,
+        raw_size: size,
+    }
+}
+
+fn double_free(ptr: usize) -> Error {
+    Error::double_free(format!("double free of {ptr:#x}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backing::HostBacking;
+
+    fn pool(align: usize) -> &'static Pool {
+        Pool::new(
+            Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+            align,
+            None,
+            0,
+        )
+    }
+
+    #[test]
+    fn class_table_is_monotone_and_aligned() {
+        for align in [16, 64, 512, 4096, 65536] {
+            let t = ClassTable::new(align);
+            assert!(t.sizes.windows(2).all(|w| w[0] < w[1]));
+            assert!(t.sizes.iter().all(|s| s % align == 0));
+            assert_eq!(*t.sizes.last().unwrap(), SMALL_MAX);
+            for n in [0, 1, align - 1, align, align + 1, 5000, 100_000, SMALL_MAX] {
+                let c = t.class_of(n);
+                assert!(t.size(c) >= n, "{n} -> {}", t.size(c));
+                if c > 0 {
+                    assert!(t.size(c - 1) < n.max(1), "{n} not in the tightest class");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn small_and_large_blocks_roundtrip() {
+        let p = pool(512);
+        let mut blocks = Vec::new();
+        for n in [
+            0,
+            1,
+            100,
+            512,
+            513,
+            4096,
+            70_000,
+            SMALL_MAX,
+            SMALL_MAX + 1,
+            3 << 20,
+            40 << 20,
+        ] {
+            let a = p.alloc(n).unwrap();
+            assert_eq!(a.ptr % 512, 0);
+            let info = lookup(a.ptr + n / 2).unwrap();
+            assert_eq!(info.base, a.ptr);
+            assert_eq!(info.size, n);
+            assert!(info.capacity >= n);
+            // SAFETY: host memory of at least n bytes.
+            unsafe { std::ptr::write_bytes(a.ptr as *mut u8, 0xab, n) };
+            blocks.push((a.ptr, n));
+        }
+        let ptrs: std::collections::HashSet<_> = blocks.iter().map(|b| b.0).collect();
+        assert_eq!(ptrs.len(), blocks.len(), "blocks are distinct");
+        for (ptr, n) in blocks {
+            assert_eq!(p.free(ptr).unwrap(), n);
+            assert!(lookup(ptr).is_none());
+        }
+    }
+
+    #[test]
+    fn double_free_and_interior_pointer_are_refused() {
+        let p = pool(512);
+        for n in [64, 1 << 20] {
+            let a = p.alloc(n).unwrap().ptr;
+            let e = p.free(a + 16).unwrap_err();
+            assert!(e.msg.contains("inside"), "{}", e.msg);
+            p.free(a).unwrap();
+            let e = p.free(a).unwrap_err();
+            assert!(e.msg.contains("double free"), "{}", e.msg);
+        }
+        let x = 5u64;
+        assert!(p.free(&x as *const u64 as usize).is_err());
+    }
+
+    #[test]
+    fn spans_coalesce_and_chunks_go_back() {
+        let p = pool(512);
+        let a = p.alloc(1 << 20).unwrap().ptr;
+        let b = p.alloc(1 << 20).unwrap().ptr;
+        let c = p.alloc(1 << 20).unwrap().ptr;
+        assert_eq!(p.stats.mapped.load(Ordering::Relaxed), ARENA);
+        p.free(b).unwrap();
+        p.free(a).unwrap();
+        p.free(c).unwrap();
+        // With retain 0 the arena is whole again and goes back at once.
+        assert_eq!(p.stats.mapped.load(Ordering::Relaxed), 0);
+        assert_eq!(lock(&p.large).free.len(), 0);
+    }
+
+    #[test]
+    fn best_fit_reuses_the_tightest_hole() {
+        let p = Pool::new(
+            Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+            512,
+            None,
+            usize::MAX,
+        );
+        let big = p.alloc(8 << 20).unwrap().ptr;
+        let sep1 = p.alloc(1 << 20).unwrap().ptr;
+        let small = p.alloc(2 << 20).unwrap().ptr;
+        let _sep2 = p.alloc(1 << 20).unwrap().ptr;
+        p.free(big).unwrap();
+        p.free(small).unwrap();
+        let again = p.alloc(2 << 20).unwrap().ptr;
+        assert_eq!(again, small, "the 2 MiB hole fits best");
+        p.free(again).unwrap();
+        p.free(sep1).unwrap();
+    }
+
+    #[test]
+    fn fresh_large_blocks_are_zeroed_and_reused_ones_are_not() {
+        let p = Pool::new(
+            Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+            512,
+            None,
+            usize::MAX,
+        );
+        let a = p.alloc(2 << 20).unwrap();
+        assert!(a.zeroed);
+        p.free(a.ptr).unwrap();
+        let b = p.alloc(2 << 20).unwrap();
+        assert!(!b.zeroed);
+        p.free(b.ptr).unwrap();
+    }
+
+    #[test]
+    fn limit_fails_cleanly() {
+        let p = Pool::new(
+            Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+            512,
+            Some(48 << 20),
+            0,
+        );
+        let a = p.alloc(40 << 20).unwrap().ptr;
+        let e = p.alloc(40 << 20).unwrap_err();
+        assert_eq!(e.status, crate::error::Status::UMP_ERR_OOM);
+        assert!(e.msg.contains("UMP_ALLOC_LIMIT"), "{}", e.msg);
+        p.free(a).unwrap();
+        let b = p.alloc(40 << 20).unwrap().ptr;
+        p.free(b).unwrap();
+    }
+
+    #[test]
+    fn trim_returns_empty_slabs() {
+        let p = Pool::new(
+            Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+            512,
+            None,
+            usize::MAX,
+        );
+        let v: Vec<usize> = (0..1000).map(|_| p.alloc(700).unwrap().ptr).collect();
+        for x in v {
+            p.free(x).unwrap();
+        }
+        assert!(p.stats.mapped.load(Ordering::Relaxed) > 0);
+        p.trim();
+        assert_eq!(p.stats.mapped.load(Ordering::Relaxed), 0);
+        assert_eq!(p.cached_bytes(), 0);
+        // Still usable afterwards.
+        let x = p.alloc(700).unwrap().ptr;
+        p.free(x).unwrap();
+    }
+
+    #[test]
+    fn threads_churn() {
+        let p = pool(64);
+        let hs: Vec<_> = (0..8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut live = Vec::new();
+                    for i in 0..20_000usize {
+                        let n = (i * 7919 + t * 31) % 5000 + if i % 97 == 0 { 400_000 } else { 0 };
+                        let a = p.alloc(n).unwrap().ptr;
+                        // SAFETY: host memory of n bytes.
+                        unsafe { std::ptr::write_bytes(a as *mut u8, t as u8, n.min(64)) };
+                        live.push((a, n, t as u8));
+                        if live.len() > 50 {
+                            let (a, n, tag) = live.swap_remove(i % 50);
+                            // SAFETY: still ours.
+                            let s =
+                                unsafe { std::slice::from_raw_parts(a as *const u8, n.min(64)) };
+                            assert!(s.iter().all(|&b| b == tag));
+                            p.free(a).unwrap();
+                        }
+                    }
+                    for (a, _, _) in live {
+                        p.free(a).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(p.stats.in_use.load(Ordering::Relaxed), 0);
+    }
+}

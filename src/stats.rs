@@ -1,0 +1,60 @@
+//! Statistics: counters each pool keeps (RMM's statistics adaptor, built into the pool), and
+//! the C view of them.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Counters of one pool. All relaxed: they are statistics, not synchronisation.
+#[derive(Default)]
+pub struct PoolStats {
+    /// Requested bytes currently handed out.
+    pub in_use: AtomicUsize,
+    pub in_use_peak: AtomicUsize,
+    /// Bytes currently obtained from the backing.
+    pub mapped: AtomicUsize,
+    pub mapped_peak: AtomicUsize,
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    /// Allocations served without calling the backing.
+    pub hits: AtomicU64,
+    /// Allocations that had to call the backing.
+    pub misses: AtomicU64,
+}
+
+impl PoolStats {
+    pub fn on_alloc(&self, n: usize) {
+        self.allocs.fetch_add(1, Ordering::Relaxed);
+        let now = self.in_use.fetch_add(n, Ordering::Relaxed) + n;
+        self.in_use_peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub fn on_free(&self, n: usize) {
+        self.frees.fetch_add(1, Ordering::Relaxed);
+        self.in_use.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub fn on_resize(&self, old: usize, new: usize) {
+        if new >= old {
+            let now = self.in_use.fetch_add(new - old, Ordering::Relaxed) + (new - old);
+            self.in_use_peak.fetch_max(now, Ordering::Relaxed);
+        } else {
+            self.in_use.fetch_sub(old - new, Ordering::Relaxed);
+        }
+    }
+
+    pub fn on_map(&self, n: usize) {
+        let now = self.mapped.fetch_add(n, Ordering::Relaxed) + n;
+        self.mapped_peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub fn on_unmap(&self, n: usize) {
+        self.mapped.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Reset the peaks to the current values.
+    pub fn reset_peak(&self) {
+        self.in_use_peak
+            .store(self.in_use.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.mapped_peak
+            .store(self.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
