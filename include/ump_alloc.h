@@ -228,6 +228,14 @@ enum ump_mode ump_current_mode(void);
 // Library version, e.g. "0.1.0".
 const char *ump_version(void);
 
+// Describe row `index` of the configuration table (every `UMP_ALLOC_*` variable): its name,
+// default and meaning, as static NUL-terminated strings. Returns `UMP_OK`, `UMP_ERR_INVALID`
+// past the last row, or `UMP_ERR_NULL`. Outputs are written only on success.
+//
+// # Safety
+// Each out-pointer is NULL or writable.
+int ump_config_var(size_t index, const char **name, const char **default_value, const char **help);
+
 // Give cached memory back to the OS and the CUDA driver (like CuPy's `free_all_blocks` and
 // torch's `empty_cache`). Returns the bytes given back.
 size_t ump_trim(void);

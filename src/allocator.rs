@@ -288,18 +288,11 @@ pub fn free(ptr: usize) -> Result<()> {
     if ptr == 0 {
         return Ok(());
     }
-    match pool::entry_at(ptr) {
+    match pool::pool_at(ptr) {
+        Some(p) => p.free(ptr).map(|_| ()),
         None => Err(Error::not_ours(format!(
             "{ptr:#x} was not allocated by ump-alloc"
         ))),
-        Some(_) => {
-            let info = pool::lookup(ptr);
-            let pool = match info {
-                Some(i) => i.pool,
-                None => return Err(block_at(ptr).unwrap_err()),
-            };
-            pool.free(ptr).map(|_| ())
-        }
     }
 }
 

@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::mode::ModeRequest;
+use std::ffi::CStr;
 
 /// Default alignment: CuPy's allocation unit.
 pub(crate) const DEFAULT_ALIGNMENT: usize = 512;
@@ -16,43 +17,48 @@ pub(crate) const DEFAULT_HOST_RETAIN: usize = 256 << 20;
 
 /// One row of the configuration table.
 pub struct Var {
-    pub name: &'static str,
-    pub default: &'static str,
-    pub help: &'static str,
+    pub name: &'static CStr,
+    pub default: &'static CStr,
+    pub help: &'static CStr,
 }
 
 /// Every environment variable ump-alloc reads. Rows used only by the Python package are
 /// listed too, so that `info` shows the whole picture in one place.
 pub const VARS: &[Var] = &[
     Var {
-        name: "UMP_ALLOC",
-        default: "0",
-        help: "1: enable ump-alloc for NumPy, CuPy and PyTorch at interpreter start (Python)",
+        name: c"UMP_ALLOC",
+        default: c"0",
+        help: c"1: enable ump-alloc for NumPy, CuPy and PyTorch at interpreter start (Python)",
     },
     Var {
-        name: "UMP_ALLOC_MODE",
-        default: "auto",
-        help: "auto | system | managed | registered | device | host",
+        name: c"UMP_ALLOC_MODE",
+        default: c"auto",
+        help: c"auto | system | managed | registered | device | host",
     },
     Var {
-        name: "UMP_ALLOC_ALIGNMENT",
-        default: "512",
-        help: "alignment of every block: a power of two, 16 ..= 65536",
+        name: c"UMP_ALLOC_ALIGNMENT",
+        default: c"512",
+        help: c"alignment of every block: a power of two, 16 ..= 65536",
     },
     Var {
-        name: "UMP_ALLOC_LIMIT",
-        default: "none",
-        help: "cap on bytes in use per pool (e.g. 8G); beyond it allocations fail cleanly",
+        name: c"UMP_ALLOC_LIMIT",
+        default: c"none",
+        help: c"cap on bytes in use per pool (e.g. 8G); beyond it allocations fail cleanly",
     },
     Var {
-        name: "UMP_ALLOC_HOST_RETAIN",
-        default: "256M",
-        help: "free bytes a host-memory pool keeps cached before returning chunks to the OS",
+        name: c"UMP_ALLOC_HOST_RETAIN",
+        default: c"256M",
+        help: c"free bytes a host-memory pool keeps cached before returning chunks to the OS",
     },
     Var {
-        name: "UMP_ALLOC_LIBRARY",
-        default: "(packaged)",
-        help: "path of libump_alloc.so to load instead of the packaged one (Python)",
+        name: c"UMP_ALLOC_LIBRARY",
+        default: c"(packaged)",
+        help: c"path of libump_alloc.so to load instead of the packaged one (Python)",
+    },
+    Var {
+        name: c"UMP_ALLOC_NO_CUDA",
+        default: c"0",
+        help: c"1: behave as if no CUDA driver were installed (tests, CPU-only runs)",
     },
 ];
 
@@ -243,7 +249,7 @@ mod tests {
             "UMP_ALLOC_LIMIT",
             "UMP_ALLOC_HOST_RETAIN",
         ] {
-            assert!(VARS.iter().any(|v| v.name == name), "{name}");
+            assert!(VARS.iter().any(|v| v.name.to_str() == Ok(name)), "{name}");
         }
     }
 }

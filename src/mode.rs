@@ -178,6 +178,13 @@ impl MachineCaps {
     /// an error naming the missing capability and the mode to use instead.
     pub fn select(&self, req: ModeRequest) -> Result<(Mode, String)> {
         let auto = || {
+            if !self.has_gpu() {
+                let why = self
+                    .cuda_unavailable
+                    .clone()
+                    .unwrap_or_else(|| "no CUDA device".into());
+                return (Mode::Host, format!("auto: no usable GPU ({why}), so host"));
+            }
             let mut skipped = Vec::new();
             for m in Mode::AUTO_ORDER {
                 match self.supports(m) {

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::registry::{self, GRANULE};
 use crate::stats::PoolStats;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Largest request served from slabs; larger ones get spans of their own.
@@ -46,6 +46,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Size classes for one alignment.
 pub struct ClassTable {
     align: usize,
+    align_shift: u32,
     sizes: Vec<usize>,
     slab_bytes: Vec<usize>,
     /// Class index by `ceil(n / align)`, for `n <= SMALL_MAX`.
@@ -84,6 +85,7 @@ impl ClassTable {
         }
         ClassTable {
             align,
+            align_shift: align.trailing_zeros(),
             sizes,
             slab_bytes,
             lookup,
@@ -93,7 +95,7 @@ impl ClassTable {
     /// The class serving `n` bytes (`n <= SMALL_MAX`).
     #[inline]
     pub fn class_of(&self, n: usize) -> usize {
-        self.lookup[n.div_ceil(self.align)] as usize
+        self.lookup[(n + self.align - 1) >> self.align_shift] as usize
     }
 
     pub fn size(&self, ci: usize) -> usize {
@@ -134,14 +136,23 @@ pub struct Slab {
     nslots: usize,
     base: AtomicUsize,
     span: AtomicUsize,
-    /// One bit per slot: set while the slot is handed out.
-    bits: Box<[AtomicU64]>,
+    /// Reciprocal of `slot` for division by multiplication: `idx = off * magic >> 64`.
+    magic: u64,
+    /// One byte per slot: 1 while the slot is handed out. A byte (not a bit) so that handing
+    /// a slot out is a plain store; freeing swaps, so a double free is always seen.
+    state: Box<[AtomicU8]>,
     /// Requested bytes per live slot.
     sizes: Box<[AtomicU32]>,
     live: AtomicUsize,
 }
 
 impl Slab {
+    /// Slot index of byte offset `off` (exact for offsets below 2^32).
+    #[inline]
+    fn slot_of(&self, off: usize) -> usize {
+        ((off as u128 * self.magic as u128) >> 64) as usize
+    }
+
     fn span(&self) -> &'static Span {
         // SAFETY: `span` always holds a pointer to a leaked, never-freed Span descriptor.
         unsafe { &*(self.span.load(Ordering::Acquire) as *const Span) }
@@ -236,12 +247,8 @@ pub fn lookup(addr: usize) -> Option<BlockInfo> {
         Entry::Slab(s) => {
             let base = s.base.load(Ordering::Acquire);
             let off = addr.checked_sub(base)?;
-            let idx = off / s.slot;
-            if idx >= s.nslots {
-                return None;
-            }
-            let bit = 1u64 << (idx % 64);
-            if s.bits[idx / 64].load(Ordering::Acquire) & bit == 0 {
+            let idx = s.slot_of(off);
+            if idx >= s.nslots || s.state[idx].load(Ordering::Acquire) == 0 {
                 return None;
             }
             Some(BlockInfo {
@@ -328,9 +335,11 @@ impl Pool {
         let a = if n <= SMALL_MAX {
             self.alloc_small(n)?
         } else {
-            self.alloc_large(n)?
+            let a = self.alloc_large(n)?;
+            self.stats.allocs.fetch_add(1, Ordering::Relaxed);
+            a
         };
-        self.stats.on_alloc(n);
+        self.stats.add_in_use(n);
         Ok(a)
     }
 
@@ -338,14 +347,18 @@ impl Pool {
     pub fn free(&'static self, ptr: usize) -> Result<usize> {
         let freed = match entry_at(ptr) {
             Some(Entry::Slab(s)) if std::ptr::eq(s.pool, self) => self.free_small(s, ptr)?,
-            Some(Entry::Span(sp)) if std::ptr::eq(sp.pool, self) => self.free_large(sp, ptr)?,
+            Some(Entry::Span(sp)) if std::ptr::eq(sp.pool, self) => {
+                let n = self.free_large(sp, ptr)?;
+                self.stats.frees.fetch_add(1, Ordering::Relaxed);
+                n
+            }
             _ => {
                 return Err(Error::not_ours(format!(
                     "{ptr:#x} was not allocated by this pool"
                 )));
             }
         };
-        self.stats.on_free(freed);
+        self.stats.sub_in_use(freed);
         Ok(freed)
     }
 
@@ -353,25 +366,61 @@ impl Pool {
 
     fn alloc_small(&'static self, n: usize) -> Result<Alloc> {
         let ci = self.table.class_of(n);
-        let mut st = lock(&self.classes[ci]);
-        let (slab, idx) = match st.free.pop() {
-            Some(x) => {
-                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        let cached = TCACHE.try_with(|tc| tc.pop(self, ci)).ok().flatten();
+        let (slab, idx) = match cached {
+            Some(x) => x,
+            None => {
+                let x = self.refill(ci)?;
+                self.stats.allocs.fetch_add(1, Ordering::Relaxed);
                 x
             }
-            None => {
-                self.grow_class(ci, &mut st)?;
-                st.free.pop().expect("a new slab has free slots")
-            }
         };
-        // `live` changes only under the class lock, so trim never takes a slab with a slot out.
-        slab.live.fetch_add(1, Ordering::Relaxed);
-        drop(st);
         let i = idx as usize;
         slab.sizes[i].store(n as u32, Ordering::Relaxed);
-        slab.bits[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
+        slab.state[i].store(1, Ordering::Release);
         let ptr = slab.base.load(Ordering::Relaxed) + i * slab.slot;
         Ok(Alloc { ptr, zeroed: false })
+    }
+
+    /// Slow path of a small allocation: take slots from the class under its lock (growing the
+    /// class when it has none), one to return and a batch for this thread's cache.
+    fn refill(&'static self, ci: usize) -> Result<(&'static Slab, u32)> {
+        let mut st = lock(&self.classes[ci]);
+        if st.free.is_empty() {
+            // Counts a hit (span reused) or a miss (chunk mapped) for this allocation.
+            self.grow_class(ci, &mut st)?;
+        } else {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        let caching = TCACHE.try_with(|tc| tc.owned_by(self)).unwrap_or(false);
+        let take = if caching {
+            st.free.len().min(TCACHE_BATCH)
+        } else {
+            1
+        };
+        let keep = st.free.len() - take;
+        let batch = st.free.split_off(keep);
+        // `live` counts slots outside the class list (handed out or in a thread cache); it
+        // changes only under the class lock, so trim never takes a slab that has one out.
+        for (slab, _) in &batch {
+            slab.live.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(st);
+        let mut batch = batch;
+        let one = batch.pop().expect("at least one free slot");
+        if !batch.is_empty() {
+            let _ = TCACHE.try_with(|tc| tc.fill(self, ci, batch));
+        }
+        Ok(one)
+    }
+
+    /// Return slots to their class lists (thread-cache flush).
+    fn return_slots(&'static self, ci: usize, slots: impl Iterator<Item = (&'static Slab, u32)>) {
+        let mut st = lock(&self.classes[ci]);
+        for (slab, idx) in slots {
+            slab.live.fetch_sub(1, Ordering::Relaxed);
+            st.free.push((slab, idx));
+        }
     }
 
     fn grow_class(&'static self, ci: usize, st: &mut ClassState) -> Result<()> {
@@ -387,9 +436,8 @@ impl Pool {
                 nslots,
                 base: AtomicUsize::new(0),
                 span: AtomicUsize::new(0),
-                bits: (0..nslots.div_ceil(64))
-                    .map(|_| AtomicU64::new(0))
-                    .collect(),
+                magic: (u64::MAX / slot as u64) + 1,
+                state: (0..nslots).map(|_| AtomicU8::new(0)).collect(),
                 sizes: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
                 live: AtomicUsize::new(0),
             }))
@@ -409,28 +457,30 @@ impl Pool {
     }
 
     fn free_small(&'static self, s: &'static Slab, ptr: usize) -> Result<usize> {
-        let base = s.base.load(Ordering::Acquire);
-        let off = ptr - base;
-        let idx = off / s.slot;
-        if off % s.slot != 0 || idx >= s.nslots {
+        let off = ptr - s.base.load(Ordering::Acquire);
+        let idx = s.slot_of(off);
+        if idx * s.slot != off || idx >= s.nslots {
             return Err(Error::not_ours(format!(
                 "{ptr:#x} points inside a block, not at its start"
             )));
         }
-        let bit = 1u64 << (idx % 64);
-        let prev = s.bits[idx / 64].fetch_and(!bit, Ordering::AcqRel);
-        if prev & bit == 0 {
+        if s.state[idx].swap(0, Ordering::AcqRel) == 0 {
             return Err(double_free(ptr));
         }
         let n = s.sizes[idx].load(Ordering::Relaxed) as usize;
-        let mut st = lock(&self.classes[s.class]);
-        s.live.fetch_sub(1, Ordering::Relaxed);
-        st.free.push((s, idx as u32));
+        let cached = TCACHE
+            .try_with(|tc| tc.push(self, s, idx as u32))
+            .unwrap_or(false);
+        if !cached {
+            self.return_slots(s.class, std::iter::once((s, idx as u32)));
+            self.stats.frees.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(n)
     }
 
     /// Give every empty slab back to the span allocator. Returns bytes released to spans.
     fn trim_slabs(&'static self) -> usize {
+        let _ = TCACHE.try_with(|tc| tc.flush(self));
         let mut released = 0;
         for cls in self.classes.iter() {
             let mut st = lock(cls);
@@ -787,6 +837,156 @@ impl Pool {
             .sum();
         spans + slots
     }
+}
+
+/// Slots a thread keeps per class before it gives half back.
+const TCACHE_CAP: usize = 64;
+/// Slots a thread takes from a class at once.
+const TCACHE_BATCH: usize = 32;
+
+type SlotList = Vec<(&'static Slab, u32)>;
+
+/// A per-thread stack of free slots per class, for one pool (the first that uses it; in
+/// practice the host pool behind NumPy). Alloc and free on it take no lock. Slots in it count
+/// as out of their class (`live`), so trim leaves their slabs alone; they go back to the
+/// class when the cache overflows, on trim from this thread, and when the thread exits.
+struct ThreadCache {
+    inner: std::cell::RefCell<TcInner>,
+}
+
+struct TcInner {
+    /// The owning pool's address (0: none yet).
+    owner: usize,
+    bins: Vec<SlotList>,
+    /// Operations served by the cache and not yet added to the pool's counters (kept per
+    /// thread so the fast path does no atomic read-modify-write for them).
+    allocs: u64,
+    frees: u64,
+}
+
+/// Thread-local operation counts are added to the pool's counters every this many operations.
+const TCACHE_COUNT_FLUSH: u64 = 256;
+
+impl TcInner {
+    fn flush_counts(&mut self) {
+        if self.owner == 0 || self.allocs + self.frees == 0 {
+            return;
+        }
+        // SAFETY: pools are leaked at creation and live for the whole process.
+        let pool = unsafe { &*(self.owner as *const Pool) };
+        pool.stats.allocs.fetch_add(self.allocs, Ordering::Relaxed);
+        pool.stats.hits.fetch_add(self.allocs, Ordering::Relaxed);
+        pool.stats.frees.fetch_add(self.frees, Ordering::Relaxed);
+        self.allocs = 0;
+        self.frees = 0;
+    }
+
+    #[inline]
+    fn counted(&mut self) {
+        if self.allocs + self.frees >= TCACHE_COUNT_FLUSH {
+            self.flush_counts();
+        }
+    }
+
+    fn claim(&mut self, pool: &'static Pool) -> bool {
+        let me = pool as *const Pool as usize;
+        if self.owner == 0 {
+            self.owner = me;
+            self.bins = (0..pool.table.len()).map(|_| Vec::new()).collect();
+        }
+        self.owner == me
+    }
+}
+
+impl ThreadCache {
+    fn owned_by(&self, pool: &'static Pool) -> bool {
+        self.inner.borrow_mut().claim(pool)
+    }
+
+    #[inline]
+    fn pop(&self, pool: &'static Pool, ci: usize) -> Option<(&'static Slab, u32)> {
+        let mut c = self.inner.borrow_mut();
+        if c.owner != pool as *const Pool as usize {
+            return None;
+        }
+        let x = c.bins[ci].pop()?;
+        c.allocs += 1;
+        c.counted();
+        Some(x)
+    }
+
+    fn fill(&self, pool: &'static Pool, ci: usize, slots: SlotList) {
+        let mut c = self.inner.borrow_mut();
+        debug_assert_eq!(c.owner, pool as *const Pool as usize);
+        c.bins[ci].extend(slots);
+    }
+
+    /// Keep a freed slot; false when this cache belongs to another pool.
+    #[inline]
+    fn push(&self, pool: &'static Pool, slab: &'static Slab, idx: u32) -> bool {
+        let mut c = self.inner.borrow_mut();
+        if !c.claim(pool) {
+            return false;
+        }
+        c.frees += 1;
+        c.counted();
+        let bin = &mut c.bins[slab.class];
+        bin.push((slab, idx));
+        if bin.len() > TCACHE_CAP {
+            let half = bin.split_off(TCACHE_CAP / 2);
+            drop(c);
+            pool.return_slots(slab.class, half.into_iter());
+        }
+        true
+    }
+
+    /// Give every cached slot back to `pool`'s classes and publish the counts.
+    fn flush(&self, pool: &'static Pool) {
+        let bins = {
+            let mut c = self.inner.borrow_mut();
+            if c.owner != pool as *const Pool as usize {
+                return;
+            }
+            c.flush_counts();
+            let fresh = (0..pool.table.len()).map(|_| Vec::new()).collect();
+            std::mem::replace(&mut c.bins, fresh)
+        };
+        for (ci, bin) in bins.into_iter().enumerate() {
+            if !bin.is_empty() {
+                pool.return_slots(ci, bin.into_iter());
+            }
+        }
+    }
+}
+
+impl Drop for ThreadCache {
+    fn drop(&mut self) {
+        let c = self.inner.get_mut();
+        c.flush_counts();
+        if c.owner == 0 {
+            return;
+        }
+        // SAFETY: pools are leaked at creation and live for the whole process.
+        let pool = unsafe { &*(c.owner as *const Pool) };
+        for (ci, bin) in std::mem::take(&mut c.bins).into_iter().enumerate() {
+            if !bin.is_empty() {
+                pool.return_slots(ci, bin.into_iter());
+            }
+        }
+    }
+}
+
+thread_local! {
+    static TCACHE: ThreadCache = const {
+        ThreadCache {
+            inner: std::cell::RefCell::new(TcInner { owner: 0, bins: Vec::new(), allocs: 0, frees: 0 }),
+        }
+    };
+}
+
+/// Publish the calling thread's cached operation counts to its pool's statistics.
+pub fn flush_thread_counts() {
+    let _ = TCACHE.try_with(|tc| tc.inner.borrow_mut().flush_counts());
 }
 
 fn is_whole_chunk(sp: &Span) -> bool {

@@ -14,21 +14,22 @@ pub struct PoolStats {
     pub mapped_peak: AtomicUsize,
     pub allocs: AtomicU64,
     pub frees: AtomicU64,
-    /// Allocations served without calling the backing.
+    /// Allocations served without calling the backing. Counts served by a thread's cache
+    /// are added in batches (see `pool::flush_thread_counts`).
     pub hits: AtomicU64,
     /// Allocations that had to call the backing.
     pub misses: AtomicU64,
 }
 
 impl PoolStats {
-    pub fn on_alloc(&self, n: usize) {
-        self.allocs.fetch_add(1, Ordering::Relaxed);
+    pub fn add_in_use(&self, n: usize) {
         let now = self.in_use.fetch_add(n, Ordering::Relaxed) + n;
-        self.in_use_peak.fetch_max(now, Ordering::Relaxed);
+        if now > self.in_use_peak.load(Ordering::Relaxed) {
+            self.in_use_peak.fetch_max(now, Ordering::Relaxed);
+        }
     }
 
-    pub fn on_free(&self, n: usize) {
-        self.frees.fetch_add(1, Ordering::Relaxed);
+    pub fn sub_in_use(&self, n: usize) {
         self.in_use.fetch_sub(n, Ordering::Relaxed);
     }
 

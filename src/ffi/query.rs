@@ -214,6 +214,36 @@ pub extern "C" fn ump_version() -> *const c_char {
     V.as_ptr()
 }
 
+/// Describe row `index` of the configuration table (every `UMP_ALLOC_*` variable): its name,
+/// default and meaning, as static NUL-terminated strings. Returns `UMP_OK`, `UMP_ERR_INVALID`
+/// past the last row, or `UMP_ERR_NULL`. Outputs are written only on success.
+///
+/// # Safety
+/// Each out-pointer is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_config_var(
+    index: usize,
+    name: *mut *const c_char,
+    default_value: *mut *const c_char,
+    help: *mut *const c_char,
+) -> c_int {
+    status("ump_config_var", || {
+        if name.is_null() || default_value.is_null() || help.is_null() {
+            return Err(Error::new(Status::UMP_ERR_NULL, "an out-pointer is NULL"));
+        }
+        let v = crate::config::VARS
+            .get(index)
+            .ok_or_else(|| Error::invalid(format!("no configuration row {index}")))?;
+        // SAFETY: all three checked non-NULL; the caller guarantees they are writable.
+        unsafe {
+            *name = v.name.as_ptr();
+            *default_value = v.default.as_ptr();
+            *help = v.help.as_ptr();
+        }
+        Ok(())
+    })
+}
+
 /// Give cached memory back to the OS and the CUDA driver (like CuPy's `free_all_blocks` and
 /// torch's `empty_cache`). Returns the bytes given back.
 #[unsafe(no_mangle)]

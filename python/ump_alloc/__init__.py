@@ -1,0 +1,317 @@
+"""ump-alloc: one allocator for NumPy, CuPy and PyTorch over memory both the CPU and the GPU
+can reach.
+
+Quick start::
+
+    import ump_alloc
+    ump_alloc.enable()          # NumPy, and CuPy / PyTorch where installed and a GPU is present
+    ...
+    with ump_alloc.enabled():   # or only inside a block
+        ...
+
+Or, with no code change: ``UMP_ALLOC=1 python program.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import os
+import warnings
+
+from . import _hooks, _lib
+from ._lib import UmpError, last_error, library_path
+
+__all__ = [
+    "UmpError",
+    "Identity",
+    "enable",
+    "disable",
+    "enabled",
+    "is_enabled",
+    "handles",
+    "identify",
+    "capabilities",
+    "config_table",
+    "library_path",
+    "last_error",
+    "clear_error",
+    "error_count",
+    "mode",
+    "alignment",
+    "trim",
+    "version",
+]
+
+__version__ = "0.1.0"
+
+
+def version() -> str:
+    """Version of the loaded library."""
+    return _lib.lib().ump_version().decode()
+
+
+def _init() -> None:
+    _lib.check(_lib.lib().ump_init(), "ump_init")
+
+
+def mode() -> str:
+    """The mode in force ('host', 'system', 'managed', 'registered', 'device'), or 'unset'
+    before the first allocation."""
+    return _lib.MODE_NAMES.get(_lib.lib().ump_current_mode(), "unset")
+
+
+def alignment() -> int:
+    """Alignment of every block in bytes."""
+    return int(_lib.lib().ump_alignment())
+
+
+def error_count() -> int:
+    """Errors the library has counted (bad frees, double frees, bad sizes, OOM, ...)."""
+    return int(_lib.lib().ump_error_count())
+
+
+def clear_error() -> None:
+    """Forget this thread's last error message."""
+    _lib.lib().ump_clear_error()
+
+
+def trim() -> int:
+    """Give cached memory back to the OS and the driver. Returns the bytes given back."""
+    return int(_lib.lib().ump_trim())
+
+
+# ---- enabling ----------------------------------------------------------------------------------
+
+_enabled_libs: list[list[str]] = []
+
+
+def _gpu_mode() -> bool:
+    return mode() not in ("host", "unset")
+
+
+def _install_cupy(required: bool) -> None:
+    from . import _cupy
+
+    if not _gpu_mode():
+        if required:
+            raise UmpError(f"CuPy needs a GPU mode; ump-alloc runs in mode '{mode()}'", _lib.ERR_UNSUPPORTED)
+        return
+    _cupy.install()
+
+
+def _install_torch(required: bool) -> None:
+    from . import _torch
+
+    if not _gpu_mode():
+        if required:
+            raise UmpError(f"PyTorch needs a GPU mode; ump-alloc runs in mode '{mode()}'", _lib.ERR_UNSUPPORTED)
+        return
+    try:
+        _torch.install()
+    except _torch.TooLateError as e:
+        if required:
+            raise
+        warnings.warn(str(e), RuntimeWarning, stacklevel=3)
+    except UmpError:
+        if required:
+            raise
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def enable(
+    *,
+    numpy: bool = True,
+    cupy: bool | None = None,
+    torch: bool | None = None,
+    mode: str | None = None,
+    alignment: int | None = None,
+    threads: bool = True,
+) -> None:
+    """Make ump-alloc the allocator of NumPy, CuPy and PyTorch.
+
+    ``cupy`` and ``torch``: None (default) switches each over where it is installed and a GPU
+    mode is in force, right away if it is imported and otherwise the moment it is imported;
+    True requires it (errors raise); False leaves it alone. ``mode`` and ``alignment`` are
+    fixed at the first allocation; a later, different value raises UmpError. ``threads``: new
+    threads started through :mod:`threading` also allocate NumPy arrays from ump-alloc.
+
+    PyTorch accepts a pluggable allocator only before its first CUDA tensor; later, ``torch=True``
+    raises and ``torch=None`` warns.
+    """
+    L = _lib.lib()
+    if alignment is not None:
+        _lib.check(L.ump_set_alignment(int(alignment)), "ump_set_alignment")
+    if mode is not None:
+        _lib.check(L.ump_set_mode(str(mode).encode()), "ump_set_mode")
+    _init()
+    done: list[str] = []
+    if numpy:
+        from . import _numpy
+
+        _numpy.install(threads=threads)
+        done.append("numpy")
+    if cupy or (cupy is None and _installed("cupy")):
+        _hooks.when_imported("cupy", lambda _m, req=bool(cupy): _install_cupy(req))
+        done.append("cupy")
+    if torch or (torch is None and _installed("torch")):
+        _hooks.when_imported("torch", lambda _m, req=bool(torch): _install_torch(req))
+        done.append("torch")
+    _enabled_libs.append(done)
+
+
+def disable() -> None:
+    """Undo the innermost :func:`enable` for NumPy and CuPy. Arrays made meanwhile stay valid
+    and are freed through ump-alloc. PyTorch cannot switch allocators back and stays."""
+    done = _enabled_libs.pop() if _enabled_libs else ["numpy", "cupy"]
+    if "numpy" in done:
+        from . import _numpy
+
+        _numpy.uninstall()
+    if "cupy" in done:
+        _hooks.cancel("cupy")
+        from . import _cupy
+
+        _cupy.uninstall()
+
+
+@contextlib.contextmanager
+def enabled(**kwargs):
+    """``with ump_alloc.enabled(): ...`` enables ump-alloc inside the block only."""
+    enable(**kwargs)
+    try:
+        yield
+    finally:
+        disable()
+
+
+def is_enabled() -> bool:
+    """Whether ump-alloc is NumPy's allocator in this thread."""
+    from . import _numpy
+
+    return _numpy.active()
+
+
+def handles(array) -> bool:
+    """Whether NumPy ``array`` (or the array a view looks into) was allocated by ump-alloc."""
+    from . import _numpy
+
+    return _numpy.handles(array)
+
+
+# ---- identity and capabilities ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    """What ump-alloc knows of an address."""
+
+    address: int
+    ours: bool
+    kind: str
+    base: int
+    size: int
+    device: int
+    host_accessible: bool
+    device_accessible: bool
+
+    def __repr__(self) -> str:
+        where = f"device {self.device}" if self.device >= 0 else "host"
+        block = f" block {self.base:#x}+{self.size}" if self.base else ""
+        access = ", ".join(n for n, ok in (("host", self.host_accessible), ("device", self.device_accessible)) if ok)
+        return (
+            f"<Identity {self.address:#x}: {'ours' if self.ours else 'not ours'}, {self.kind}, {where},"
+            f"{block} reachable by: {access or 'nobody known'}>"
+        )
+
+
+def _address(obj) -> int:
+    if isinstance(obj, int):
+        return obj
+    if hasattr(obj, "data_ptr") and callable(obj.data_ptr):  # torch.Tensor
+        return int(obj.data_ptr())
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0] or 0)
+    ai = getattr(obj, "__array_interface__", None)
+    if ai is not None:
+        return int(ai["data"][0] or 0)
+    if isinstance(obj, ctypes.c_void_p):
+        return int(obj.value or 0)
+    raise TypeError(f"cannot take the address of {type(obj).__name__}")
+
+
+def identify(obj) -> Identity:
+    """Identify an address, a NumPy/CuPy array or a torch tensor (by its data pointer)."""
+    addr = _address(obj)
+    out = _lib.Identity()
+    out.size = ctypes.sizeof(_lib.Identity)
+    _lib.check(_lib.lib().ump_identify(ctypes.c_void_p(addr), ctypes.byref(out)), "ump_identify")
+    return Identity(
+        address=addr,
+        ours=bool(out.ours),
+        kind=_lib.KIND_NAMES.get(out.kind, str(out.kind)),
+        base=int(out.base),
+        size=int(out.block_size),
+        device=int(out.device),
+        host_accessible=bool(out.host_accessible),
+        device_accessible=bool(out.device_accessible),
+    )
+
+
+def capabilities() -> dict:
+    """The machine's capabilities and the mode (in force, or that would be chosen)."""
+    c = _lib.Capabilities()
+    c.size = ctypes.sizeof(_lib.Capabilities)
+    _lib.check(_lib.lib().ump_capabilities(ctypes.byref(c)), "ump_capabilities")
+    devices = []
+    for d in c.devices[: min(c.device_count, _lib.MAX_DEVICES)]:
+        devices.append(
+            {
+                "ordinal": d.ordinal,
+                "name": d.name.decode(errors="replace"),
+                "total_memory": int(d.total_memory),
+                "pageable_memory_access": bool(d.pageable_memory_access),
+                "uses_host_page_tables": bool(d.uses_host_page_tables),
+                "concurrent_managed_access": bool(d.concurrent_managed_access),
+                "host_register_supported": bool(d.host_register_supported),
+                "host_pointer_for_registered_mem": bool(d.host_pointer_for_registered_mem),
+            }
+        )
+    return {
+        "version": int(c.version),
+        "cuda_available": bool(c.cuda_available),
+        "driver_version": int(c.driver_version),
+        "has_prefetch_v2": bool(c.has_prefetch_v2),
+        "device_count": int(c.device_count),
+        "mode": _lib.MODE_NAMES.get(c.mode, "unset"),
+        "mode_fixed": bool(c.mode_fixed),
+        "mode_reason": c.mode_reason.decode(errors="replace"),
+        "alignment": int(c.alignment),
+        "devices": devices,
+    }
+
+
+def config_table() -> list[dict]:
+    """Every UMP_ALLOC_* variable: name, default, meaning and the value in the environment."""
+    L = _lib.lib()
+    rows = []
+    i = 0
+    while True:
+        name, default, help_ = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_char_p()
+        if L.ump_config_var(i, ctypes.byref(name), ctypes.byref(default), ctypes.byref(help_)) != _lib.OK:
+            break
+        n = name.value.decode()
+        rows.append({"name": n, "default": default.value.decode(), "help": help_.value.decode(), "value": os.environ.get(n)})
+        i += 1
+    L.ump_clear_error()  # the row past the end is reported as an error
+    return rows

@@ -1,0 +1,93 @@
+"""``python -m ump_alloc demo`` runs the demo; ``python -m ump_alloc info`` prints the
+configuration table, the machine's capabilities and the mode."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import ump_alloc
+from ump_alloc import _lib
+
+
+def info() -> int:
+    print(f"ump-alloc {ump_alloc.version()}  library: {ump_alloc.library_path()}")
+    print()
+    print("Configuration (UMP_ALLOC_* environment variables, read once at the first allocation):")
+    for row in ump_alloc.config_table():
+        value = row["value"] if row["value"] is not None else f"(default {row['default']})"
+        print(f"  {row['name']:<22} = {value:<18} {row['help']}")
+    print()
+    caps = ump_alloc.capabilities()
+    if caps["cuda_available"]:
+        v = caps["driver_version"]
+        print(f"CUDA driver {v // 1000}.{v % 1000 // 10}, {caps['device_count']} device(s), "
+              f"prefetch/advise v2: {'yes' if caps['has_prefetch_v2'] else 'no'}")
+        for d in caps["devices"]:
+            print(f"  device {d['ordinal']}: {d['name']}, {d['total_memory'] / 2**30:.1f} GiB")
+            for key in ("pageable_memory_access", "uses_host_page_tables", "concurrent_managed_access",
+                        "host_register_supported", "host_pointer_for_registered_mem"):
+                print(f"    {key:<33} {'yes' if d[key] else 'no'}")
+    else:
+        print("CUDA: not available")
+    state = "fixed" if caps["mode_fixed"] else "would be chosen"
+    print()
+    print(f"Mode: {caps['mode']} ({state}); alignment {caps['alignment']} bytes")
+    print(f"  why: {caps['mode_reason']}")
+    return 0
+
+
+def demo() -> int:
+    import numpy as np
+
+    ump_alloc.enable()
+    caps = ump_alloc.capabilities()
+    print(f"ump-alloc {ump_alloc.version()}: mode '{ump_alloc.mode()}', alignment {ump_alloc.alignment()} bytes")
+    print(f"  why: {caps['mode_reason']}")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(1_000_000).astype(np.float32)
+    b = np.sqrt(np.abs(a)) + 1
+    print(f"NumPy on ump-alloc: a = {a.nbytes} bytes at {a.ctypes.data:#x} "
+          f"(address % {ump_alloc.alignment()} = {a.ctypes.data % ump_alloc.alignment()}), handles(a) = {ump_alloc.handles(a)}")
+    print(f"  identify(b): {ump_alloc.identify(b)}")
+    print(f"  sum(b) = {b.sum(dtype=np.float64):.3f}")
+    if not caps["cuda_available"] or ump_alloc.mode() == "host":
+        print("No GPU found: NumPy runs on ump-alloc's aligned host memory; GPU sharing needs a CUDA device.")
+        return 0
+    try:
+        import cupy as cp
+    except ImportError:
+        print("A GPU is present but CuPy is not installed: nothing to share with.")
+        return 0
+    x = np.arange(8, dtype=np.float32)
+    before = x.copy()
+    ident = ump_alloc.identify(x)
+    if not ident.device_accessible:
+        print(f"mode '{ump_alloc.mode()}' memory is not reachable by the GPU here; no zero-copy demo")
+        return 0
+    # A CuPy view of the NumPy array's own memory: no copy.
+    mem = cp.cuda.UnownedMemory(x.ctypes.data, x.nbytes, x, device_id=0)
+    gx = cp.ndarray(x.shape, x.dtype, cp.cuda.MemoryPointer(mem, 0))
+    cp.ElementwiseKernel("", "float32 y", "y = y * 10 + 1", "ump_demo")(gx)
+    cp.cuda.get_current_stream().synchronize()
+    print(f"CuPy kernel wrote the NumPy array in place (no copy, same address {gx.data.ptr:#x}):")
+    print(f"  before: {before}")
+    print(f"  after:  {x}")
+    ok = np.array_equal(x, before * 10 + 1)
+    print("  check: " + ("ok" if ok else "MISMATCH"))
+    return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ump_alloc", description=__doc__)
+    p.add_argument("command", choices=["demo", "info"], nargs="?", default="info")
+    args = p.parse_args(argv)
+    try:
+        return demo() if args.command == "demo" else info()
+    except _lib.UmpError as e:
+        print(f"ump_alloc: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

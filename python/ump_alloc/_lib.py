@@ -1,0 +1,198 @@
+"""Loading libump_alloc.so and declaring every C function it exports (argtypes and restype).
+
+The library is loaded once and never unloaded: NumPy arrays remember the handler that made
+them and free through it, so the functions must outlive every array.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from ctypes import (
+    POINTER,
+    Structure,
+    c_bool,
+    c_char,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Status codes (enum ump_status).
+OK = 0
+ERR_NULL = 1
+ERR_INVALID = 2
+ERR_NOT_OURS = 3
+ERR_OOM = 4
+ERR_UNSUPPORTED = 5
+ERR_CONFIG = 6
+ERR_LOCKED = 7
+ERR_CUDA = 8
+ERR_INTERNAL = 9
+
+STATUS_NAMES = {
+    0: "UMP_OK",
+    1: "UMP_ERR_NULL",
+    2: "UMP_ERR_INVALID",
+    3: "UMP_ERR_NOT_OURS",
+    4: "UMP_ERR_OOM",
+    5: "UMP_ERR_UNSUPPORTED",
+    6: "UMP_ERR_CONFIG",
+    7: "UMP_ERR_LOCKED",
+    8: "UMP_ERR_CUDA",
+    9: "UMP_ERR_INTERNAL",
+}
+
+MODE_NAMES = {0: "unset", 1: "host", 2: "system", 3: "managed", 4: "registered", 5: "device"}
+KIND_NAMES = {
+    0: "unknown",
+    1: "host",
+    2: "system",
+    3: "managed",
+    4: "registered",
+    5: "device",
+    6: "foreign-cuda",
+    7: "foreign-host",
+}
+
+MAX_DEVICES = 16
+
+
+class DeviceCaps(Structure):
+    _fields_ = [
+        ("ordinal", c_int32),
+        ("pageable_memory_access", c_bool),
+        ("uses_host_page_tables", c_bool),
+        ("concurrent_managed_access", c_bool),
+        ("host_register_supported", c_bool),
+        ("host_pointer_for_registered_mem", c_bool),
+        ("total_memory", c_uint64),
+        ("name", c_char * 96),
+    ]
+
+
+class Capabilities(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("cuda_available", c_bool),
+        ("has_prefetch_v2", c_bool),
+        ("mode_fixed", c_bool),
+        ("driver_version", c_int32),
+        ("device_count", c_int32),
+        ("mode", c_int),
+        ("alignment", c_size_t),
+        ("mode_reason", c_char * 256),
+        ("devices", DeviceCaps * MAX_DEVICES),
+    ]
+
+
+class Identity(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("ours", c_bool),
+        ("host_accessible", c_bool),
+        ("device_accessible", c_bool),
+        ("kind", c_int),
+        ("device", c_int32),
+        ("base", c_size_t),
+        ("block_size", c_size_t),
+    ]
+
+
+# name: (restype, argtypes)
+SIGNATURES = {
+    "ump_malloc": (c_void_p, [c_size_t]),
+    "ump_calloc": (c_void_p, [c_size_t, c_size_t]),
+    "ump_realloc": (c_void_p, [c_void_p, c_size_t]),
+    "ump_free": (None, [c_void_p, c_size_t]),
+    "ump_cupy_malloc": (c_void_p, [c_void_p, c_size_t, c_int]),
+    "ump_cupy_free": (None, [c_void_p, c_void_p, c_int]),
+    "ump_torch_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
+    "ump_torch_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
+    "ump_last_error": (c_char_p, []),
+    "ump_clear_error": (None, []),
+    "ump_error_count": (c_uint64, []),
+    "ump_init": (c_int, []),
+    "ump_set_mode": (c_int, [c_char_p]),
+    "ump_set_alignment": (c_int, [c_size_t]),
+    "ump_alignment": (c_size_t, []),
+    "ump_current_mode": (c_int, []),
+    "ump_version": (c_char_p, []),
+    "ump_trim": (c_size_t, []),
+    "ump_capabilities": (c_int, [POINTER(Capabilities)]),
+    "ump_identify": (c_int, [c_void_p, POINTER(Identity)]),
+    "ump_config_var": (c_int, [c_size_t, POINTER(c_char_p), POINTER(c_char_p), POINTER(c_char_p)]),
+}
+
+
+class UmpError(RuntimeError):
+    """An error reported by libump_alloc, with its status code (``.status``)."""
+
+    def __init__(self, message: str, status: int = ERR_INTERNAL):
+        super().__init__(message)
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, str(status))
+
+
+def library_path() -> str:
+    """Path of the shared library that is (or would be) loaded.
+
+    ``UMP_ALLOC_LIBRARY`` overrides; otherwise the copy installed inside this package; in a
+    source checkout without an install, the newest cargo build of the repository.
+    """
+    env = os.environ.get("UMP_ALLOC_LIBRARY")
+    if env:
+        if not os.path.exists(env):
+            raise UmpError(f"UMP_ALLOC_LIBRARY={env!r} does not exist", ERR_CONFIG)
+        return os.path.abspath(env)
+    found = sorted(glob.glob(os.path.join(_HERE, "libump_alloc*.so")))
+    if found:
+        return found[0]
+    repo = os.path.dirname(os.path.dirname(_HERE))
+    builds = [
+        os.path.join(repo, "target", profile, "libump_alloc.so") for profile in ("release", "debug")
+    ]
+    builds = [b for b in builds if os.path.exists(b)]
+    if builds:
+        return max(builds, key=os.path.getmtime)
+    raise UmpError(
+        "libump_alloc.so not found: install the package (pip install .) or set UMP_ALLOC_LIBRARY",
+        ERR_CONFIG,
+    )
+
+
+_LIB = None
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library, with every signature declared. Loaded once, never unloaded."""
+    global _LIB
+    if _LIB is None:
+        handle = ctypes.CDLL(library_path())
+        for name, (restype, argtypes) in SIGNATURES.items():
+            fn = getattr(handle, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        _LIB = handle
+    return _LIB
+
+
+def last_error() -> str | None:
+    """This thread's last error message from the library, or None."""
+    msg = lib().ump_last_error()
+    return msg.decode("utf-8", "replace") if msg is not None else None
+
+
+def check(status: int, what: str) -> None:
+    """Raise UmpError with the library's message unless ``status`` is UMP_OK."""
+    if status != OK:
+        raise UmpError(last_error() or f"{what} failed with {STATUS_NAMES.get(status, status)}", status)

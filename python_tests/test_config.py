@@ -1,0 +1,131 @@
+"""Configuration and enabling, each in a fresh interpreter (configuration is read once)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import ump_alloc
+from conftest import GPU, ROOT, run_python
+
+
+def test_alignment_from_environment():
+    r = run_python(
+        "import numpy as np, ump_alloc; ump_alloc.enable();"
+        "xs=[np.empty(n, np.uint8) for n in (1, 100, 5000, 10**6)];"
+        "print(ump_alloc.alignment(), all(x.ctypes.data % 4096 == 0 for x in xs))",
+        env={"UMP_ALLOC_ALIGNMENT": "4096"},
+    )
+    assert r.stdout.split() == ["4096", "True"]
+
+
+@pytest.mark.parametrize("bad", ["3", "8", "100", "abc", "1048576"])
+def test_bad_alignment_is_a_clear_error(bad):
+    r = run_python("import ump_alloc; ump_alloc.enable()", env={"UMP_ALLOC_ALIGNMENT": bad}, check=False)
+    assert r.returncode != 0
+    assert "UMP_ALLOC_ALIGNMENT" in r.stderr and bad in r.stderr
+
+
+def test_bad_mode_name():
+    r = run_python("import ump_alloc; ump_alloc.enable()", env={"UMP_ALLOC_MODE": "turbo"}, check=False)
+    assert r.returncode != 0 and "UMP_ALLOC_MODE" in r.stderr and "managed" in r.stderr
+
+
+@pytest.mark.skipif(GPU, reason="checks the CPU-only behaviour")
+@pytest.mark.parametrize("mode", ["system", "managed", "registered", "device"])
+def test_gpu_mode_without_gpu_is_a_clear_error(mode):
+    r = run_python("import ump_alloc; ump_alloc.enable()", env={"UMP_ALLOC_MODE": mode}, check=False)
+    assert r.returncode != 0
+    assert f"mode '{mode}' is not available" in r.stderr and "UMP_ALLOC_MODE=host" in r.stderr
+
+
+def test_no_cuda_switch_forces_host():
+    r = run_python("import ump_alloc; ump_alloc.enable(); print(ump_alloc.mode())", env={"UMP_ALLOC_NO_CUDA": "1"})
+    assert r.stdout.strip() == "host"
+
+
+def test_mode_and_alignment_fixed_at_first_allocation():
+    r = run_python(
+        "import numpy as np, ump_alloc\n"
+        "ump_alloc.enable(alignment=1024)\n"
+        "a = np.ones(10)\n"
+        "assert a.ctypes.data % 1024 == 0\n"
+        "ump_alloc.enable(alignment=1024)  # same value: fine\n"
+        "try:\n"
+        "    ump_alloc.enable(alignment=2048)\n"
+        "except ump_alloc.UmpError as e:\n"
+        "    print('LOCKED' if e.status_name == 'UMP_ERR_LOCKED' else e.status_name, e)\n"
+        "try:\n"
+        "    ump_alloc.enable(mode='managed')\n"
+        "except ump_alloc.UmpError as e:\n"
+        "    print(e.status_name)\n",
+        env={"UMP_ALLOC_NO_CUDA": "1"},
+    )
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("LOCKED") and "1024" in lines[0]
+    assert lines[1] in ("UMP_ERR_LOCKED", "UMP_ERR_UNSUPPORTED")
+
+
+def _pth_installed():
+    import site
+
+    dirs = site.getsitepackages() + [site.getusersitepackages()]
+    return any(os.path.exists(os.path.join(d, "ump_alloc.pth")) for d in dirs)
+
+
+@pytest.mark.skipif(not _pth_installed(), reason="needs the installed package (pip install .)")
+def test_ump_alloc_env_enables_without_code_change():
+    r = run_python(
+        "import numpy as np, threading, ump_alloc\n"
+        "a = np.arange(1000)\n"
+        "out = []\n"
+        "t = threading.Thread(target=lambda: out.append(ump_alloc.handles(np.ones(5)))); t.start(); t.join()\n"
+        "print(ump_alloc.handles(a), a.ctypes.data % 512 == 0, out[0])",
+        env={"UMP_ALLOC": "1"},
+    )
+    assert r.stdout.split() == ["True", "True", "True"]
+
+
+def test_without_env_nothing_changes():
+    r = run_python("import numpy as np, ump_alloc; print(ump_alloc.handles(np.arange(10)))")
+    assert r.stdout.strip() == "False"
+
+
+def test_library_override(tmp_path):
+    lib = ump_alloc.library_path()
+    r = run_python("import ump_alloc; print(ump_alloc.library_path())", env={"UMP_ALLOC_LIBRARY": lib})
+    assert r.stdout.strip() == os.path.abspath(lib)
+    r = run_python("import ump_alloc; ump_alloc.enable()", env={"UMP_ALLOC_LIBRARY": str(tmp_path / "nope.so")}, check=False)
+    assert r.returncode != 0 and "UMP_ALLOC_LIBRARY" in r.stderr
+
+
+def test_info_and_demo_commands():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
+    info = subprocess.run([sys.executable, "-m", "ump_alloc", "info"], capture_output=True, text=True, env=env, timeout=120)
+    assert info.returncode == 0, info.stderr
+    for name in ["UMP_ALLOC_MODE", "UMP_ALLOC_ALIGNMENT", "UMP_ALLOC_LIMIT", "Mode:"]:
+        assert name in info.stdout
+    demo = subprocess.run([sys.executable, "-m", "ump_alloc", "demo"], capture_output=True, text=True, env=env, timeout=300)
+    assert demo.returncode == 0, demo.stderr
+    assert "handles(a) = True" in demo.stdout and "% 512 = 0" in demo.stdout
+    if not GPU:
+        assert "No GPU found" in demo.stdout
+
+
+def test_capabilities_shape():
+    c = ump_alloc.capabilities()
+    assert c["version"] == 1
+    assert c["alignment"] >= 16
+    assert c["mode"] in ("host", "system", "managed", "registered", "device")
+    assert c["mode_reason"]
+    assert c["device_count"] == len(c["devices"])
+    if not GPU:
+        assert not c["cuda_available"] and c["mode"] == "host"
+
+
+def test_config_table_lists_every_variable():
+    names = [r["name"] for r in ump_alloc.config_table()]
+    for n in ["UMP_ALLOC", "UMP_ALLOC_MODE", "UMP_ALLOC_ALIGNMENT", "UMP_ALLOC_LIMIT", "UMP_ALLOC_LIBRARY"]:
+        assert n in names
+    assert ump_alloc.last_error() is None
