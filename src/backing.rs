@@ -203,7 +203,7 @@ impl Backing for ManagedBacking {
             // Placement is advice: failures leave correct (if slower) memory.
             let _ = cuda::advise_preferred(chunk.raw, chunk.raw_size, dev);
             let _ = cuda::advise_accessed_by(chunk.raw, chunk.raw_size, dev);
-            let _ = cuda::prefetch(chunk.raw, chunk.raw_size, dev, 0);
+            let _ = cuda::prefetch(chunk.raw, chunk.raw_size, dev, 0, dev);
         }
         Ok(chunk)
     }

@@ -12,6 +12,9 @@ pub(crate) const DEFAULT_ALIGNMENT: usize = 512;
 pub(crate) const MIN_ALIGNMENT: usize = 16;
 /// Largest accepted alignment: the registry granule, so every block start stays aligned.
 pub(crate) const MAX_ALIGNMENT: usize = crate::registry::GRANULE;
+/// Default size from which `ump_host_access` prefetches managed memory to the host instead of
+/// letting page faults migrate it (measured on the H200: docs/BENCHMARKS.md).
+pub(crate) const DEFAULT_PREFETCH_MIN: usize = 1 << 20;
 /// Default bytes of free memory a host-memory pool keeps cached before it gives chunks back.
 pub(crate) const DEFAULT_HOST_RETAIN: usize = 256 << 20;
 
@@ -51,6 +54,11 @@ pub const VARS: &[Var] = &[
         help: c"free bytes a host-memory pool keeps cached before returning chunks to the OS",
     },
     Var {
+        name: c"UMP_ALLOC_PREFETCH_MIN",
+        default: c"1M",
+        help: c"managed ranges from this size are prefetched to the host by ump_host_access",
+    },
+    Var {
         name: c"UMP_ALLOC_LIBRARY",
         default: c"(packaged)",
         help: c"path of libump_alloc.so to load instead of the packaged one (Python)",
@@ -69,6 +77,7 @@ pub struct Config {
     pub alignment: usize,
     pub limit: Option<usize>,
     pub host_retain: usize,
+    pub prefetch_min: usize,
 }
 
 impl Default for Config {
@@ -78,6 +87,7 @@ impl Default for Config {
             alignment: DEFAULT_ALIGNMENT,
             limit: None,
             host_retain: DEFAULT_HOST_RETAIN,
+            prefetch_min: DEFAULT_PREFETCH_MIN,
         }
     }
 }
@@ -117,6 +127,10 @@ impl Config {
         if let Some(v) = get("UMP_ALLOC_HOST_RETAIN") {
             c.host_retain = parse_bytes(&v)
                 .map_err(|e| Error::config(format!("UMP_ALLOC_HOST_RETAIN={v:?}: {e}")))?;
+        }
+        if let Some(v) = get("UMP_ALLOC_PREFETCH_MIN") {
+            c.prefetch_min = parse_bytes(&v)
+                .map_err(|e| Error::config(format!("UMP_ALLOC_PREFETCH_MIN={v:?}: {e}")))?;
         }
         Ok(c)
     }
@@ -244,6 +258,7 @@ mod tests {
     #[test]
     fn table_names_every_variable_read() {
         for name in [
+            "UMP_ALLOC_PREFETCH_MIN",
             "UMP_ALLOC_MODE",
             "UMP_ALLOC_ALIGNMENT",
             "UMP_ALLOC_LIMIT",

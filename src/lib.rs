@@ -13,6 +13,7 @@
 //! - [`allocator`]: the process-wide state composing the above.
 //! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, query).
 
+pub mod access;
 pub mod allocator;
 pub mod backing;
 pub mod config;

@@ -366,7 +366,10 @@ impl Pool {
 
     fn alloc_small(&'static self, n: usize) -> Result<Alloc> {
         let ci = self.table.class_of(n);
-        let cached = TCACHE.try_with(|tc| tc.pop(self, ci)).ok().flatten();
+        let cached = match tc_state() {
+            TcState::Alive => TCACHE.try_with(|tc| tc.pop(self, ci)).ok().flatten(),
+            _ => None,
+        };
         let (slab, idx) = match cached {
             Some(x) => x,
             None => {
@@ -392,7 +395,13 @@ impl Pool {
         } else {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
         }
-        let caching = TCACHE.try_with(|tc| tc.owned_by(self)).unwrap_or(false);
+        let caching = tc_state() != TcState::Gone
+            && TCACHE
+                .try_with(|tc| {
+                    let _ = TC_STATE.try_with(|s| s.set(TcState::Alive));
+                    tc.owned_by(self)
+                })
+                .unwrap_or(false);
         let take = if caching {
             st.free.len().min(TCACHE_BATCH)
         } else {
@@ -468,9 +477,11 @@ impl Pool {
             return Err(double_free(ptr));
         }
         let n = s.sizes[idx].load(Ordering::Relaxed) as usize;
-        let cached = TCACHE
-            .try_with(|tc| tc.push(self, s, idx as u32))
-            .unwrap_or(false);
+        // Only a cache made by an allocation on this thread is used: a free never makes one.
+        let cached = tc_state() == TcState::Alive
+            && TCACHE
+                .try_with(|tc| tc.push(self, s, idx as u32))
+                .unwrap_or(false);
         if !cached {
             self.return_slots(s.class, std::iter::once((s, idx as u32)));
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
@@ -480,7 +491,9 @@ impl Pool {
 
     /// Give every empty slab back to the span allocator. Returns bytes released to spans.
     fn trim_slabs(&'static self) -> usize {
-        let _ = TCACHE.try_with(|tc| tc.flush(self));
+        if tc_state() == TcState::Alive {
+            let _ = TCACHE.try_with(|tc| tc.flush(self));
+        }
         let mut released = 0;
         for cls in self.classes.iter() {
             let mut st = lock(cls);
@@ -961,6 +974,7 @@ impl ThreadCache {
 
 impl Drop for ThreadCache {
     fn drop(&mut self) {
+        let _ = TC_STATE.try_with(|s| s.set(TcState::Gone));
         let c = self.inner.get_mut();
         c.flush_counts();
         if c.owner == 0 {
@@ -976,6 +990,25 @@ impl Drop for ThreadCache {
     }
 }
 
+/// Whether this thread's cache exists and has not been destroyed (0: never made, 1: alive,
+/// 2: destroyed). Kept in a thread-local without a destructor, so it can be read at any point
+/// of thread exit: glibc runs thread-local destructors before pthread-key destructors, and a
+/// free from a key destructor must not create a cache whose destructor would never run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TcState {
+    Never,
+    Alive,
+    Gone,
+}
+
+thread_local! {
+    static TC_STATE: std::cell::Cell<TcState> = const { std::cell::Cell::new(TcState::Never) };
+}
+
+fn tc_state() -> TcState {
+    TC_STATE.try_with(|s| s.get()).unwrap_or(TcState::Gone)
+}
+
 thread_local! {
     static TCACHE: ThreadCache = const {
         ThreadCache {
@@ -986,7 +1019,9 @@ thread_local! {
 
 /// Publish the calling thread's cached operation counts to its pool's statistics.
 pub fn flush_thread_counts() {
-    let _ = TCACHE.try_with(|tc| tc.inner.borrow_mut().flush_counts());
+    if tc_state() == TcState::Alive {
+        let _ = TCACHE.try_with(|tc| tc.inner.borrow_mut().flush_counts());
+    }
 }
 
 fn is_whole_chunk(sp: &Span) -> bool {

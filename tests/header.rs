@@ -77,6 +77,24 @@ fn every_export_is_documented_and_prefixed() {
             "{must} missing from the header"
         );
     }
+    for line in lines
+        .iter()
+        .filter(|l| l.starts_with("struct ") || l.starts_with("enum ") || l.starts_with("typedef "))
+    {
+        let name = line
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .trim_end_matches([';', '{']);
+        assert!(
+            name.starts_with("ump_"),
+            "type {name} lacks the ump_ prefix"
+        );
+    }
+    assert!(
+        !header.contains("/*") || header.matches("/*").count() == header.matches("*/").count(),
+        "nested comment opener"
+    );
     for line in lines.iter().filter(|l| l.starts_with("#define ")) {
         let name = line.split_whitespace().nth(1).unwrap();
         assert!(

@@ -26,7 +26,7 @@ def _make_allocator():
 
     def ump_cupy_malloc(size):
         mem = c_malloc(size)
-        if mem.ptr == 0:
+        if mem.ptr == 0 and size > 0:  # CuPy hands out size-0 blocks as ptr 0 itself
             msg = _lib.last_error() or "ump_cupy_malloc returned NULL"
             try:
                 total = cupy.cuda.runtime.memGetInfo()[1]

@@ -424,11 +424,17 @@ fn advise(ptr: usize, size: usize, advice: CUmem_advise, device: i32) -> Result<
     Ok(true)
 }
 
-/// Prefetch managed memory to `device` (`< 0`: the host) in `stream`'s order. Returns false
-/// when the driver lacks cuMemPrefetchAsync_v2.
-pub fn prefetch(ptr: usize, size: usize, device: i32, stream: usize) -> Result<bool> {
-    let ctx_dev = device.max(0);
-    with_device(ctx_dev, |d| {
+/// Prefetch managed memory to `device` (`< 0`: the host) in `stream`'s order, with
+/// `ctx_device`'s context current (the stream's). Returns false when the driver lacks
+/// cuMemPrefetchAsync_v2.
+pub fn prefetch(
+    ptr: usize,
+    size: usize,
+    device: i32,
+    stream: usize,
+    ctx_device: i32,
+) -> Result<bool> {
+    with_device(ctx_device.max(0), |d| {
         let Some(f) = d.cuMemPrefetchAsync_v2 else {
             return Ok(false);
         };

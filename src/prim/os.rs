@@ -21,7 +21,7 @@ pub fn map_aligned(size: usize, align: usize) -> Option<NonNull<u8>> {
             std::ptr::null_mut(),
             span,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
             0,
         )
@@ -77,7 +77,7 @@ fn advise(ptr: *mut u8, size: usize, advice: libc::c_int) -> bool {
     unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) == 0 }
 }
 
-/// Whether the page holding `addr` is mapped in this process (msync fails with ENOMEM on
+/// Whether the page holding `addr` is mapped in this process (mincore fails with ENOMEM on
 /// unmapped pages). Reads nothing at `addr`.
 pub fn is_mapped(addr: usize) -> bool {
     let page = page_size();
@@ -85,8 +85,10 @@ pub fn is_mapped(addr: usize) -> bool {
     if start == 0 {
         return false;
     }
-    // SAFETY: msync with MS_ASYNC only inspects the mapping; it never faults on bad addresses.
-    unsafe { libc::msync(start as *mut libc::c_void, page, libc::MS_ASYNC) == 0 }
+    let mut vec = 0u8;
+    // SAFETY: mincore only inspects the mapping and writes one byte into `vec`; it never
+    // faults on unmapped addresses.
+    unsafe { libc::mincore(start as *mut libc::c_void, page, &mut vec) == 0 }
 }
 
 /// Set the calling thread's errno (malloc-family contracts report ENOMEM through it).

@@ -1,0 +1,131 @@
+"""GPU tests (marked gpu, skipped without a GPU). Each check runs in a fresh interpreter with
+the mode under test; see gpu_checks.py."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import GPU, run_python
+
+pytestmark = pytest.mark.gpu
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caps():
+    import ump_alloc
+
+    return ump_alloc.capabilities() if GPU else {"devices": []}
+
+
+def supported_modes():
+    caps = _caps()
+    if not caps["devices"]:
+        return []
+    d = caps["devices"]
+    modes = ["device"]
+    if all(x["concurrent_managed_access"] for x in d):
+        modes.append("managed")
+    if all(x["host_register_supported"] and x["host_pointer_for_registered_mem"] for x in d):
+        modes.append("registered")
+    if all(x["pageable_memory_access"] for x in d):
+        modes.append("system")
+    return modes
+
+
+SHARED = [m for m in supported_modes() if m != "device"]
+
+
+def check(name, mode=None, extra=None):
+    env = dict(extra or {})
+    if mode:
+        env["UMP_ALLOC_MODE"] = mode
+    env["UMP_GPU_COUNT"] = str(len(_caps()["devices"]))
+    r = run_python(f"import sys; sys.path.insert(0, {HERE!r}); import gpu_checks as g; g.{name}(); print('PASS')", env=env, check=False)
+    print(r.stdout)
+    assert r.returncode == 0 and "PASS" in r.stdout, f"{name} [{mode}] failed:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def test_auto_mode_selection():
+    check("auto_mode")
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_numpy_shared_with_cupy_and_torch(mode):
+    check("numpy_shared_with_cupy_and_torch", mode)
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_cupy_arrays_are_host_readable(mode):
+    check("cupy_arrays_are_host_readable", mode)
+
+
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_cupy_workload_matches_default(mode):
+    check("cupy_workload_matches_default", mode)
+
+
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_torch_workload_on_ump(mode):
+    check("torch_workload_on_ump", mode)
+
+
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_device_argument(mode):
+    check("device_argument", mode)
+
+
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_out_of_memory(mode):
+    check("out_of_memory", mode, {"UMP_ALLOC_LIMIT": "256M"})
+
+
+def test_torch_null_return_probe():
+    r = check("torch_null_probe", "managed", {"UMP_ALLOC_LIMIT": "256M"})
+    assert "torch.empty over the limit" in r.stdout
+
+
+def test_forcing_system_without_hmm_is_refused():
+    if "system" in supported_modes():
+        pytest.skip("this GPU has pageable memory access")
+    check("system_mode_refused", "system")
+
+
+def test_managed_fresh_probe():
+    check("managed_fresh_reads_zero", "managed")
+
+
+def test_env_var_enables_everything_without_code_change():
+    code = (
+        "import numpy as np, cupy as cp, torch, ump_alloc\n"
+        "a = np.random.default_rng(0).random(1000)\n"
+        "g = cp.arange(1000, dtype=cp.float32)\n"
+        "t = torch.ones(1000, device='cuda')\n"
+        "print(ump_alloc.handles(a), ump_alloc.identify(g).ours, ump_alloc.identify(t).ours, ump_alloc.mode())\n"
+    )
+    r = run_python(code, env={"UMP_ALLOC": "1"})
+    words = r.stdout.split()
+    assert words[:3] == ["True", "True", "True"], r.stdout + r.stderr
+    assert words[3] in ("managed", "system", "registered")
+
+
+def test_torch_too_late_is_explained():
+    code = (
+        "import torch, ump_alloc\n"
+        "x = torch.ones(10, device='cuda')\n"
+        "try:\n"
+        "    ump_alloc.enable(cupy=False, torch=True)\n"
+        "except ump_alloc.UmpError as e:\n"
+        "    print('ERR', e)\n"
+    )
+    r = run_python(code)
+    assert "ERR too late" in r.stdout and "before the first CUDA tensor" in r.stdout, r.stdout + r.stderr
+
+
+def test_demo_shows_in_place_kernel():
+    r = subprocess.run([sys.executable, "-m", "ump_alloc", "demo"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "CuPy kernel wrote the NumPy array in place" in r.stdout and "check: ok" in r.stdout
+    print(r.stdout)
