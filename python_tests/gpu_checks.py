@@ -248,6 +248,156 @@ def managed_fresh_reads_zero():
     L.ump_free(p, 0)
 
 
+# ---- zero-copy (issue 4) -----------------------------------------------------------------------
+
+_HASH = r"""
+unsigned int h = (unsigned int)i * 2654435761u + seed;
+h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+y = (float)(h & 0xFFFFFF) / 16777216.0f;
+"""
+
+
+def _host_hash(n, seed):
+    i = np.arange(n, dtype=np.uint32)
+    h = (i * np.uint32(2654435761) + np.uint32(seed)).astype(np.uint32)
+    h ^= h >> np.uint32(15)
+    h = (h * np.uint32(2246822519)).astype(np.uint32)
+    h ^= h >> np.uint32(13)
+    return ((h & np.uint32(0xFFFFFF)).astype(np.float32) / np.float32(16777216.0)).astype(np.float32)
+
+
+def _spin(stream, ms):
+    """Queue a kernel that keeps `stream` busy for about `ms` milliseconds."""
+    import cupy as cp
+
+    k = cp.RawKernel(
+        r"""extern "C" __global__ void spin(long long cycles) {
+            long long t0 = clock64(); while (clock64() - t0 < cycles) { } }""",
+        "spin",
+    )
+    with stream:
+        k((1,), (1,), (np.int64(int(ms * 1.5e6)),))
+
+
+def stream_correctness():
+    """A kernel writes hashed-random data on a non-default stream behind a slow kernel; the
+    zero-copy view must see every element after asnumpy(x, stream=s). The reverse too."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    s = cp.cuda.Stream(non_blocking=True)
+    fill = cp.ElementwiseKernel("uint32 seed", "float32 y", _HASH, "ump_hash")
+    iters = int(os.environ.get("UMP_STREAM_ITERS", "12"))
+    for it in range(iters):
+        n = [64 * 2**20 // 4, 3 * 2**20 + 5, 256 * 2**20 // 4][it % 3]
+        with s:
+            x = cp.empty(n, cp.float32)
+            x.fill(cp.nan)  # poison
+        s.synchronize()
+        _spin(s, 20)  # the write below lands ~20 ms later
+        with s:
+            fill(np.uint32(it * 7919), x)
+        h = ump_alloc.asnumpy(x, stream=s)
+        assert isinstance(h.base, ump_alloc.ZeroCopyBuffer) and ump_alloc.is_zero_copy(h, x)
+        expect = _host_hash(n, it * 7919)
+        assert not np.isnan(h).any(), f"iteration {it}: the view saw poison (stream not synchronised)"
+        np.testing.assert_array_equal(h, expect)
+        # Reverse: host writes, then asarray orders them before the next kernel on s.
+        a = np.empty(n, np.float32)
+        a[:] = expect[::-1]
+        g = ump_alloc.asarray(a, like="cupy", stream=s)
+        assert ump_alloc.is_zero_copy(a, g)
+        with s:
+            out = g * 2
+            total = float(out[:: max(1, n // 1000)].sum().get())
+        assert total == float((expect[::-1][:: max(1, n // 1000)] * 2).sum(dtype=np.float32)) or abs(
+            total - float((expect[::-1][:: max(1, n // 1000)].astype(np.float64) * 2).sum())
+        ) < 1e-2 * max(1.0, abs(total))
+        s.synchronize()
+        np.testing.assert_array_equal(cp.asnumpy(out), expect[::-1] * 2)
+
+
+def asnumpy_paths():
+    """Views keep shape, strides, dtype and the source alive; copies are plain copies."""
+    import gc
+
+    import cupy as cp
+    import torch
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=True)
+    cp.random.seed(3)
+    g = cp.random.standard_normal((300, 200), dtype=cp.float64)
+    ref = cp.asnumpy(g)
+    for view in (g, g.T, g[::3, 5:], g[::-1, ::-2]):
+        h = ump_alloc.asnumpy(view)
+        assert ump_alloc.is_zero_copy(h, g) and isinstance(h.base, ump_alloc.ZeroCopyBuffer)
+        assert h.shape == view.shape and h.strides == view.strides and h.dtype == view.dtype
+        np.testing.assert_array_equal(h, cp.asnumpy(view))
+    h = ump_alloc.asnumpy(g)
+    del g
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+    junk = cp.ones((300, 200), cp.float64) * 7  # would reuse the block if it had been freed
+    cp.cuda.get_current_stream().synchronize()
+    np.testing.assert_array_equal(h, ref)
+    z = ump_alloc.asnumpy(cp.empty((0, 3), cp.float32))
+    assert z.shape == (0, 3) and z.dtype == np.float32
+    # A CuPy array from another allocator is copied.
+    ump_alloc.disable()
+    plain = cp.arange(10, dtype=cp.int32)
+    c = ump_alloc.asnumpy(plain)
+    assert c.base is None or not isinstance(c.base, ump_alloc.ZeroCopyBuffer)
+    assert not ump_alloc.is_zero_copy(c, plain) and c.tolist() == list(range(10))
+    # torch tensors on ump memory.
+    t = torch.arange(1000, dtype=torch.float32, device="cuda").reshape(10, 100)
+    ht = ump_alloc.asnumpy(t.t())
+    assert ump_alloc.is_zero_copy(ht, t) and ht.shape == (100, 10)
+    np.testing.assert_array_equal(ht, t.t().cpu().numpy())
+    del junk
+
+
+def asarray_paths():
+    import cupy as cp
+    import torch
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=True)
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((400, 300)).astype(np.float32)
+    g = ump_alloc.asarray(a, like="cupy")
+    assert ump_alloc.is_zero_copy(a, g) and g.shape == a.shape
+    np.testing.assert_array_equal(cp.asnumpy(g), a)
+    gs = ump_alloc.asarray(a[::2, ::-3], like="cupy")
+    assert ump_alloc.is_zero_copy(a, gs)
+    np.testing.assert_array_equal(cp.asnumpy(gs), a[::2, ::-3])
+    g *= 2  # GPU write, visible to the host after a sync
+    cp.cuda.get_current_stream().synchronize()
+    assert np.allclose(a[0, :5], cp.asnumpy(g[0, :5]))
+    t = ump_alloc.asarray(a, like="torch")
+    assert t.data_ptr() == a.ctypes.data and t.is_cuda
+    t.add_(1)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(a, cp.asnumpy(g))
+    ro = a.copy()
+    ro.flags.writeable = False
+    c = ump_alloc.asarray(ro, like="cupy")
+    assert not ump_alloc.is_zero_copy(ro, c)  # a GPU view could not keep it read-only
+    raw = np.zeros(4001, np.uint8)
+    mis = raw[1:].view(np.float32)  # address not aligned to 4
+    cm = ump_alloc.asarray(mis, like="cupy")
+    assert not ump_alloc.is_zero_copy(mis, cm)
+    assert ump_alloc.asarray(np.empty((0, 5)), like="cupy").shape == (0, 5)
+    ump_alloc.disable()
+    foreign = np.arange(100.0)  # NumPy's default allocator: pageable, not reachable here
+    cf = ump_alloc.asarray(foreign, like="cupy")
+    assert not ump_alloc.is_zero_copy(foreign, cf) and float(cf.sum().get()) == 4950.0
+
+
 if __name__ == "__main__":
     name = sys.argv[1]
     globals()[name]()

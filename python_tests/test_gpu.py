@@ -129,3 +129,18 @@ def test_demo_shows_in_place_kernel():
     assert r.returncode == 0, r.stderr
     assert "CuPy kernel wrote the NumPy array in place" in r.stdout and "check: ok" in r.stdout
     print(r.stdout)
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_stream_correctness_zero_copy(mode):
+    check("stream_correctness", mode)
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_asnumpy_paths(mode):
+    check("asnumpy_paths", mode)
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_asarray_paths(mode):
+    check("asarray_paths", mode)

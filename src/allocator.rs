@@ -19,6 +19,8 @@ pub struct Allocator {
     pub mode_reason: String,
     pub alignment: usize,
     pub caps: MachineCaps,
+    /// Every device reads pageable memory (HMM or ATS).
+    hmm: bool,
     host: &'static Pool,
     devices: Vec<OnceLock<&'static Pool>>,
     device_pool_lock: Mutex<()>,
@@ -100,7 +102,9 @@ pub fn init() -> Result<&'static Allocator> {
     };
     let host = Pool::new(host_backing, config.alignment, config.limit, retain);
     let devices = (0..caps.devices.len()).map(|_| OnceLock::new()).collect();
+    let hmm = !caps.devices.is_empty() && caps.devices.iter().all(|d| d.pageable_memory_access);
     let a = Allocator {
+        hmm,
         alignment: config.alignment,
         config,
         mode,
@@ -211,9 +215,9 @@ impl Allocator {
     }
 
     /// Whether device code can reach memory of `kind` on this machine.
+    #[inline]
     pub fn device_accessible(&self, kind: Kind) -> bool {
-        let hmm = !self.caps.devices.is_empty()
-            && self.caps.devices.iter().all(|d| d.pageable_memory_access);
+        let hmm = self.hmm;
         match kind {
             Kind::UMP_KIND_MANAGED | Kind::UMP_KIND_REGISTERED | Kind::UMP_KIND_DEVICE => true,
             Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST => hmm,
@@ -225,6 +229,7 @@ impl Allocator {
 // ---- the host malloc family (NumPy's contract) ---------------------------------------------
 
 /// malloc: `n` bytes, aligned; 0 yields a unique block.
+#[inline]
 pub fn malloc(n: usize) -> Result<usize> {
     Ok(instance()?.host_pool().alloc(n)?.ptr)
 }
@@ -284,16 +289,12 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
 }
 
 /// free: any live block of ours; `ptr == 0` is a no-op.
+#[inline]
 pub fn free(ptr: usize) -> Result<()> {
     if ptr == 0 {
         return Ok(());
     }
-    match pool::pool_at(ptr) {
-        Some(p) => p.free(ptr).map(|_| ()),
-        None => Err(Error::not_ours(format!(
-            "{ptr:#x} was not allocated by ump-alloc"
-        ))),
-    }
+    pool::free_block(ptr).map(|_| ())
 }
 
 // ---- the device side (CuPy's and PyTorch's contracts) --------------------------------------

@@ -61,6 +61,8 @@ pub struct Chunk {
     pub size: usize,
     pub raw: usize,
     pub raw_size: usize,
+    /// Huge-page advice was given for the whole chunk (pool bookkeeping).
+    pub advised: bool,
 }
 
 /// A source of chunks.
@@ -123,6 +125,7 @@ impl Backing for HostBacking {
             size,
             raw: base,
             raw_size: size,
+            advised: false,
         })
     }
     unsafe fn unmap(&self, chunk: &Chunk) {
@@ -156,6 +159,7 @@ fn aligned_driver_chunk(
             size,
             raw,
             raw_size: size,
+            advised: false,
         });
     }
     free(raw);
@@ -166,6 +170,7 @@ fn aligned_driver_chunk(
         size,
         raw,
         raw_size,
+        advised: false,
     })
 }
 
@@ -247,6 +252,7 @@ impl Backing for RegisteredBacking {
             size,
             raw: base,
             raw_size: size,
+            advised: false,
         })
     }
     unsafe fn unmap(&self, chunk: &Chunk) {

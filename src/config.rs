@@ -14,7 +14,7 @@ pub(crate) const MIN_ALIGNMENT: usize = 16;
 pub(crate) const MAX_ALIGNMENT: usize = crate::registry::GRANULE;
 /// Default size from which `ump_host_access` prefetches managed memory to the host instead of
 /// letting page faults migrate it (measured on the H200: docs/BENCHMARKS.md).
-pub(crate) const DEFAULT_PREFETCH_MIN: usize = 1 << 20;
+pub(crate) const DEFAULT_PREFETCH_MIN: usize = 64 << 10;
 /// Default bytes of free memory a host-memory pool keeps cached before it gives chunks back.
 pub(crate) const DEFAULT_HOST_RETAIN: usize = 256 << 20;
 
@@ -55,7 +55,7 @@ pub const VARS: &[Var] = &[
     },
     Var {
         name: c"UMP_ALLOC_PREFETCH_MIN",
-        default: c"1M",
+        default: c"64K",
         help: c"managed ranges from this size are prefetched to the host by ump_host_access",
     },
     Var {

@@ -124,8 +124,6 @@ pub struct Span {
     /// Whether the span may hold non-zero bytes (false only for never-used backing memory
     /// that reads as zero).
     dirty: AtomicBool,
-    /// Whether huge-page advice was already given for this range.
-    advised: AtomicBool,
 }
 
 /// Descriptor of a slab: a span cut into equal slots of one class.
@@ -201,6 +199,9 @@ pub struct Alloc {
 /// A caching pool over one backing.
 pub struct Pool {
     backing: Box<dyn Backing>,
+    /// The backing's kind and device, copied out so the identity hot path makes no dyn call.
+    kind: Kind,
+    device: i32,
     table: ClassTable,
     classes: Box<[Mutex<ClassState>]>,
     large: Mutex<Large>,
@@ -230,6 +231,27 @@ pub fn entry_at(addr: usize) -> Option<Entry> {
         TAG_SLAB => Some(Entry::Slab(unsafe { &*(p as *const Slab) })),
         _ => None,
     }
+}
+
+/// Free the block starting at `ptr`, whichever pool it belongs to (one registry lookup).
+/// Returns the bytes it held. Errors leave everything as it was.
+#[inline]
+pub fn free_block(ptr: usize) -> Result<usize> {
+    let (pool, freed) = match entry_at(ptr) {
+        Some(Entry::Slab(s)) => (s.pool, s.pool.free_small(s, ptr)?),
+        Some(Entry::Span(sp)) => {
+            let n = sp.pool.free_large(sp, ptr)?;
+            sp.pool.stats.frees.fetch_add(1, Ordering::Relaxed);
+            (sp.pool, n)
+        }
+        None => {
+            return Err(Error::not_ours(format!(
+                "{ptr:#x} was not allocated by ump-alloc"
+            )));
+        }
+    };
+    pool.stats.sub_in_use(freed);
+    Ok(freed)
 }
 
 /// The pool whose memory holds `addr` (live block or cached), if any. Lock-free.
@@ -299,6 +321,8 @@ impl Pool {
             .map(|_| Mutex::new(ClassState::default()))
             .collect();
         Box::leak(Box::new(Pool {
+            kind: backing.kind(),
+            device: backing.device(),
             backing,
             table,
             classes,
@@ -309,12 +333,14 @@ impl Pool {
         }))
     }
 
+    #[inline]
     pub fn kind(&self) -> Kind {
-        self.backing.kind()
+        self.kind
     }
 
+    #[inline]
     pub fn device(&self) -> i32 {
-        self.backing.device()
+        self.device
     }
 
     pub fn alignment(&self) -> usize {
@@ -326,6 +352,7 @@ impl Pool {
     }
 
     /// Allocate `n` bytes (0 is allowed and yields a unique block).
+    #[inline]
     pub fn alloc(&'static self, n: usize) -> Result<Alloc> {
         if n > MAX_REQUEST {
             return Err(Error::bad_size(format!(
@@ -345,31 +372,20 @@ impl Pool {
 
     /// Free the block starting at `ptr`. Errors leave everything as it was.
     pub fn free(&'static self, ptr: usize) -> Result<usize> {
-        let freed = match entry_at(ptr) {
-            Some(Entry::Slab(s)) if std::ptr::eq(s.pool, self) => self.free_small(s, ptr)?,
-            Some(Entry::Span(sp)) if std::ptr::eq(sp.pool, self) => {
-                let n = self.free_large(sp, ptr)?;
-                self.stats.frees.fetch_add(1, Ordering::Relaxed);
-                n
-            }
-            _ => {
-                return Err(Error::not_ours(format!(
-                    "{ptr:#x} was not allocated by this pool"
-                )));
-            }
-        };
-        self.stats.sub_in_use(freed);
-        Ok(freed)
+        match pool_at(ptr) {
+            Some(p) if std::ptr::eq(p, self) => free_block(ptr),
+            _ => Err(Error::not_ours(format!(
+                "{ptr:#x} was not allocated by this pool"
+            ))),
+        }
     }
 
     // ---- small blocks ------------------------------------------------------------------
 
+    #[inline]
     fn alloc_small(&'static self, n: usize) -> Result<Alloc> {
         let ci = self.table.class_of(n);
-        let cached = match tc_state() {
-            TcState::Alive => TCACHE.try_with(|tc| tc.pop(self, ci)).ok().flatten(),
-            _ => None,
-        };
+        let cached = with_tcache(self, |tc| tc.pop(ci)).flatten();
         let (slab, idx) = match cached {
             Some(x) => x,
             None => {
@@ -395,13 +411,7 @@ impl Pool {
         } else {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
         }
-        let caching = tc_state() != TcState::Gone
-            && TCACHE
-                .try_with(|tc| {
-                    let _ = TC_STATE.try_with(|s| s.set(TcState::Alive));
-                    tc.owned_by(self)
-                })
-                .unwrap_or(false);
+        let caching = ensure_tcache(self);
         let take = if caching {
             st.free.len().min(TCACHE_BATCH)
         } else {
@@ -418,7 +428,7 @@ impl Pool {
         let mut batch = batch;
         let one = batch.pop().expect("at least one free slot");
         if !batch.is_empty() {
-            let _ = TCACHE.try_with(|tc| tc.fill(self, ci, batch));
+            with_tcache(self, |tc| tc.bins[ci].extend(batch));
         }
         Ok(one)
     }
@@ -465,6 +475,7 @@ impl Pool {
         Ok(())
     }
 
+    #[inline]
     fn free_small(&'static self, s: &'static Slab, ptr: usize) -> Result<usize> {
         let off = ptr - s.base.load(Ordering::Acquire);
         let idx = s.slot_of(off);
@@ -478,10 +489,7 @@ impl Pool {
         }
         let n = s.sizes[idx].load(Ordering::Relaxed) as usize;
         // Only a cache made by an allocation on this thread is used: a free never makes one.
-        let cached = tc_state() == TcState::Alive
-            && TCACHE
-                .try_with(|tc| tc.push(self, s, idx as u32))
-                .unwrap_or(false);
+        let cached = with_tcache(self, |tc| tc.push(self, s, idx as u32)).is_some();
         if !cached {
             self.return_slots(s.class, std::iter::once((s, idx as u32)));
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
@@ -491,9 +499,7 @@ impl Pool {
 
     /// Give every empty slab back to the span allocator. Returns bytes released to spans.
     fn trim_slabs(&'static self) -> usize {
-        if tc_state() == TcState::Alive {
-            let _ = TCACHE.try_with(|tc| tc.flush(self));
-        }
+        with_tcache(self, |tc| tc.flush(self));
         let mut released = 0;
         for cls in self.classes.iter() {
             let mut st = lock(cls);
@@ -533,9 +539,7 @@ impl Pool {
         span.req.store(n, Ordering::Relaxed);
         let zeroed = !span.dirty.swap(true, Ordering::Relaxed);
         let start = span.start.load(Ordering::Relaxed);
-        if !span.advised.swap(true, Ordering::Relaxed) {
-            self.backing.advise_block(start, len);
-        }
+
         Ok(Alloc { ptr: start, zeroed })
     }
 
@@ -598,6 +602,17 @@ impl Pool {
         };
         let taken = self.split_tail(&mut lg, sp, len);
         taken.state.store(SPAN_USED, Ordering::Release);
+        // Huge pages (NumPy's default does this for blocks of 4 MiB and more): advise the whole
+        // chunk the first time such a block lands in it, so reuse costs no system call.
+        if len >= crate::backing::HUGEPAGE_MIN {
+            let base = taken.chunk_base.load(Ordering::Relaxed);
+            if let Some(c) = lg.chunks.iter_mut().find(|c| c.base == base)
+                && !c.advised
+            {
+                c.advised = true;
+                self.backing.advise_block(c.base, c.size);
+            }
+        }
         Ok(taken)
     }
 
@@ -658,7 +673,6 @@ impl Pool {
                 chunk_base: AtomicUsize::new(0),
                 chunk_len: AtomicUsize::new(0),
                 dirty: AtomicBool::new(false),
-                advised: AtomicBool::new(false),
             }))
         });
         sp.start.store(start, Ordering::Release);
@@ -667,7 +681,7 @@ impl Pool {
         sp.chunk_base.store(chunk.base, Ordering::Relaxed);
         sp.chunk_len.store(chunk.size, Ordering::Relaxed);
         sp.dirty.store(dirty, Ordering::Relaxed);
-        sp.advised.store(false, Ordering::Relaxed);
+
         registry::set_range(start, len, sp as *const Span as usize | TAG_SPAN);
         sp
     }
@@ -684,16 +698,13 @@ impl Pool {
         let chunk = chunk_of(sp);
         sp.len.store(flen - len, Ordering::Release);
         lg.free.insert((flen - len, start));
-        let tail = self.new_span(
+        self.new_span(
             lg,
             start + flen - len,
             len,
             &chunk,
             sp.dirty.load(Ordering::Relaxed),
-        );
-        tail.advised
-            .store(sp.advised.load(Ordering::Relaxed), Ordering::Relaxed);
-        tail
+        )
     }
 
     /// Put free span `sp` into the free set, merging it with free neighbours in its chunk.
@@ -755,8 +766,7 @@ impl Pool {
         a.len.fetch_add(blen, Ordering::AcqRel);
         let dirty = a.dirty.load(Ordering::Relaxed) || b.dirty.load(Ordering::Relaxed);
         a.dirty.store(dirty, Ordering::Relaxed);
-        let advised = a.advised.load(Ordering::Relaxed) && b.advised.load(Ordering::Relaxed);
-        a.advised.store(advised, Ordering::Relaxed);
+
         b.len.store(0, Ordering::Release);
         lg.spare.push(b);
     }
@@ -859,20 +869,16 @@ const TCACHE_BATCH: usize = 32;
 
 type SlotList = Vec<(&'static Slab, u32)>;
 
-/// A per-thread stack of free slots per class, for one pool (the first that uses it; in
-/// practice the host pool behind NumPy). Alloc and free on it take no lock. Slots in it count
-/// as out of their class (`live`), so trim leaves their slabs alone; they go back to the
-/// class when the cache overflows, on trim from this thread, and when the thread exits.
-struct ThreadCache {
-    inner: std::cell::RefCell<TcInner>,
-}
-
+/// A thread's cache of free slots, per class, for one pool (the first that caches on this
+/// thread; in practice the host pool behind NumPy). Alloc and free on it take no lock and no
+/// atomic read-modify-write. Slots in it count as out of their class (`live`), so trim leaves
+/// their slabs alone; they go back when the cache overflows, on trim from this thread, and
+/// when the thread exits.
 struct TcInner {
-    /// The owning pool's address (0: none yet).
-    owner: usize,
+    /// The owning pool.
+    owner: &'static Pool,
     bins: Vec<SlotList>,
-    /// Operations served by the cache and not yet added to the pool's counters (kept per
-    /// thread so the fast path does no atomic read-modify-write for them).
+    /// Operations served by the cache and not yet added to the pool's counters.
     allocs: u64,
     frees: u64,
 }
@@ -882,14 +888,13 @@ const TCACHE_COUNT_FLUSH: u64 = 256;
 
 impl TcInner {
     fn flush_counts(&mut self) {
-        if self.owner == 0 || self.allocs + self.frees == 0 {
+        if self.allocs + self.frees == 0 {
             return;
         }
-        // SAFETY: pools are leaked at creation and live for the whole process.
-        let pool = unsafe { &*(self.owner as *const Pool) };
-        pool.stats.allocs.fetch_add(self.allocs, Ordering::Relaxed);
-        pool.stats.hits.fetch_add(self.allocs, Ordering::Relaxed);
-        pool.stats.frees.fetch_add(self.frees, Ordering::Relaxed);
+        let st = &self.owner.stats;
+        st.allocs.fetch_add(self.allocs, Ordering::Relaxed);
+        st.hits.fetch_add(self.allocs, Ordering::Relaxed);
+        st.frees.fetch_add(self.frees, Ordering::Relaxed);
         self.allocs = 0;
         self.frees = 0;
     }
@@ -901,126 +906,114 @@ impl TcInner {
         }
     }
 
-    fn claim(&mut self, pool: &'static Pool) -> bool {
-        let me = pool as *const Pool as usize;
-        if self.owner == 0 {
-            self.owner = me;
-            self.bins = (0..pool.table.len()).map(|_| Vec::new()).collect();
-        }
-        self.owner == me
-    }
-}
-
-impl ThreadCache {
-    fn owned_by(&self, pool: &'static Pool) -> bool {
-        self.inner.borrow_mut().claim(pool)
-    }
-
     #[inline]
-    fn pop(&self, pool: &'static Pool, ci: usize) -> Option<(&'static Slab, u32)> {
-        let mut c = self.inner.borrow_mut();
-        if c.owner != pool as *const Pool as usize {
-            return None;
-        }
-        let x = c.bins[ci].pop()?;
-        c.allocs += 1;
-        c.counted();
+    fn pop(&mut self, ci: usize) -> Option<(&'static Slab, u32)> {
+        let x = self.bins[ci].pop()?;
+        self.allocs += 1;
+        self.counted();
         Some(x)
     }
 
-    fn fill(&self, pool: &'static Pool, ci: usize, slots: SlotList) {
-        let mut c = self.inner.borrow_mut();
-        debug_assert_eq!(c.owner, pool as *const Pool as usize);
-        c.bins[ci].extend(slots);
-    }
-
-    /// Keep a freed slot; false when this cache belongs to another pool.
+    /// Keep a freed slot, giving half the bin back to the class when it overflows.
     #[inline]
-    fn push(&self, pool: &'static Pool, slab: &'static Slab, idx: u32) -> bool {
-        let mut c = self.inner.borrow_mut();
-        if !c.claim(pool) {
-            return false;
-        }
-        c.frees += 1;
-        c.counted();
-        let bin = &mut c.bins[slab.class];
+    fn push(&mut self, pool: &'static Pool, slab: &'static Slab, idx: u32) {
+        self.frees += 1;
+        self.counted();
+        let bin = &mut self.bins[slab.class];
         bin.push((slab, idx));
         if bin.len() > TCACHE_CAP {
             let half = bin.split_off(TCACHE_CAP / 2);
-            drop(c);
             pool.return_slots(slab.class, half.into_iter());
         }
-        true
     }
 
-    /// Give every cached slot back to `pool`'s classes and publish the counts.
-    fn flush(&self, pool: &'static Pool) {
-        let bins = {
-            let mut c = self.inner.borrow_mut();
-            if c.owner != pool as *const Pool as usize {
-                return;
-            }
-            c.flush_counts();
-            let fresh = (0..pool.table.len()).map(|_| Vec::new()).collect();
-            std::mem::replace(&mut c.bins, fresh)
-        };
-        for (ci, bin) in bins.into_iter().enumerate() {
+    /// Give every cached slot back to the owner's classes and publish the counts.
+    fn flush(&mut self, pool: &'static Pool) {
+        self.flush_counts();
+        for (ci, bin) in self.bins.iter_mut().enumerate() {
             if !bin.is_empty() {
-                pool.return_slots(ci, bin.into_iter());
+                pool.return_slots(ci, bin.drain(..));
             }
         }
     }
 }
 
-impl Drop for ThreadCache {
+/// `TC` holds null before the thread has a cache and `TC_GONE` after it was destroyed.
+const TC_GONE: usize = 1;
+
+thread_local! {
+    /// This thread's cache, as a raw pointer in a thread-local *without* a destructor: one TLS
+    /// access on the fast path, readable at any point of thread exit. glibc runs thread-local
+    /// destructors before pthread-key destructors, so a free from a key destructor must find
+    /// "gone" here rather than create a cache whose destructor would never run.
+    static TC: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Owns the cache: touched once, when the cache is made; its destructor flushes it.
+    static TC_GUARD: TcGuard = const { TcGuard };
+}
+
+struct TcGuard;
+
+impl Drop for TcGuard {
     fn drop(&mut self) {
-        let _ = TC_STATE.try_with(|s| s.set(TcState::Gone));
-        let c = self.inner.get_mut();
-        c.flush_counts();
-        if c.owner == 0 {
-            return;
-        }
-        // SAFETY: pools are leaked at creation and live for the whole process.
-        let pool = unsafe { &*(c.owner as *const Pool) };
-        for (ci, bin) in std::mem::take(&mut c.bins).into_iter().enumerate() {
-            if !bin.is_empty() {
-                pool.return_slots(ci, bin.into_iter());
-            }
+        let p = TC.try_with(|c| c.replace(TC_GONE)).unwrap_or(0);
+        if p > TC_GONE {
+            // SAFETY: `p` came from Box::into_raw in `ensure_tcache` and is unique to this
+            // thread; TC no longer points at it.
+            let mut tc = unsafe { Box::from_raw(p as *mut TcInner) };
+            let owner = tc.owner;
+            tc.flush(owner);
         }
     }
 }
 
-/// Whether this thread's cache exists and has not been destroyed (0: never made, 1: alive,
-/// 2: destroyed). Kept in a thread-local without a destructor, so it can be read at any point
-/// of thread exit: glibc runs thread-local destructors before pthread-key destructors, and a
-/// free from a key destructor must not create a cache whose destructor would never run.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum TcState {
-    Never,
-    Alive,
-    Gone,
+/// Run `f` on this thread's cache if it exists and belongs to `pool`.
+#[inline]
+fn with_tcache<R>(pool: &'static Pool, f: impl FnOnce(&mut TcInner) -> R) -> Option<R> {
+    let p = TC.try_with(|c| c.get()).unwrap_or(TC_GONE);
+    if p <= TC_GONE {
+        return None;
+    }
+    // SAFETY: `p` is this thread's live cache (only this thread reads TC); no other reference
+    // to it exists while `f` runs, and `f` never re-enters the thread cache.
+    let tc = unsafe { &mut *(p as *mut TcInner) };
+    if !std::ptr::eq(tc.owner, pool) {
+        return None;
+    }
+    Some(f(tc))
 }
 
-thread_local! {
-    static TC_STATE: std::cell::Cell<TcState> = const { std::cell::Cell::new(TcState::Never) };
-}
-
-fn tc_state() -> TcState {
-    TC_STATE.try_with(|s| s.get()).unwrap_or(TcState::Gone)
-}
-
-thread_local! {
-    static TCACHE: ThreadCache = const {
-        ThreadCache {
-            inner: std::cell::RefCell::new(TcInner { owner: 0, bins: Vec::new(), allocs: 0, frees: 0 }),
-        }
-    };
+/// Make this thread's cache for `pool` if it has none yet. False when the thread's cache
+/// belongs to another pool or was already destroyed (thread exit).
+fn ensure_tcache(pool: &'static Pool) -> bool {
+    let p = TC.try_with(|c| c.get()).unwrap_or(TC_GONE);
+    if p == TC_GONE {
+        return false;
+    }
+    if p != 0 {
+        // SAFETY: this thread's live cache.
+        return std::ptr::eq(unsafe { &*(p as *const TcInner) }.owner, pool);
+    }
+    // Register the destructor first: if the thread is already past its TLS destructors, the
+    // guard is gone and no cache is made.
+    if TC_GUARD.try_with(|_| ()).is_err() {
+        return false;
+    }
+    let tc = Box::new(TcInner {
+        owner: pool,
+        bins: (0..pool.table.len()).map(|_| Vec::new()).collect(),
+        allocs: 0,
+        frees: 0,
+    });
+    let _ = TC.try_with(|c| c.set(Box::into_raw(tc) as usize));
+    true
 }
 
 /// Publish the calling thread's cached operation counts to its pool's statistics.
 pub fn flush_thread_counts() {
-    if tc_state() == TcState::Alive {
-        let _ = TCACHE.try_with(|tc| tc.inner.borrow_mut().flush_counts());
+    let p = TC.try_with(|c| c.get()).unwrap_or(TC_GONE);
+    if p > TC_GONE {
+        // SAFETY: this thread's live cache.
+        unsafe { &mut *(p as *mut TcInner) }.flush_counts();
     }
 }
 
@@ -1037,6 +1030,7 @@ fn chunk_of(sp: &Span) -> Chunk {
         size,
         raw: base,
         raw_size: size,
+        advised: false,
     }
 }
 

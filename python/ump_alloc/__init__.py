@@ -22,10 +22,17 @@ import warnings
 
 from . import _hooks, _lib
 from ._lib import UmpError, last_error, library_path
+from ._zerocopy import ZeroCopyBuffer, asarray, asnumpy, is_zero_copy
 
 __all__ = [
     "UmpError",
     "Identity",
+    "ZeroCopyBuffer",
+    "asnumpy",
+    "asarray",
+    "is_zero_copy",
+    "host_access",
+    "device_access",
     "enable",
     "disable",
     "enabled",
@@ -266,6 +273,28 @@ def identify(obj) -> Identity:
         host_accessible=bool(out.host_accessible),
         device_accessible=bool(out.device_accessible),
     )
+
+
+def host_access(obj, nbytes: int | None = None, stream=None) -> None:
+    """C ``ump_host_access`` on an address (with ``nbytes``) or an array: wait for ``stream``
+    (a handle, a CuPy/torch stream, or None for the legacy default stream) and prefetch large
+    managed ranges to the host, so the host may read and write them."""
+    from ._zerocopy import _stream_handle
+
+    addr = _address(obj)
+    n = nbytes if nbytes is not None else int(getattr(obj, "nbytes", 0))
+    h = _stream_handle(stream, lambda: 0)
+    _lib.check(_lib.lib().ump_host_access(ctypes.c_void_p(addr), n, ctypes.c_void_p(h)), "ump_host_access")
+
+
+def device_access(obj, nbytes: int | None = None, device: int = 0, stream=None) -> None:
+    """C ``ump_device_access``: prefetch toward ``device`` in ``stream`` order, no host wait."""
+    from ._zerocopy import _stream_handle
+
+    addr = _address(obj)
+    n = nbytes if nbytes is not None else int(getattr(obj, "nbytes", 0))
+    h = _stream_handle(stream, lambda: 0)
+    _lib.check(_lib.lib().ump_device_access(ctypes.c_void_p(addr), n, int(device), ctypes.c_void_p(h)), "ump_device_access")
 
 
 def capabilities() -> dict:

@@ -130,6 +130,8 @@ SIGNATURES = {
     "ump_trim": (c_size_t, []),
     "ump_capabilities": (c_int, [POINTER(Capabilities)]),
     "ump_identify": (c_int, [c_void_p, POINTER(Identity)]),
+    "ump_host_access": (c_int, [c_void_p, c_size_t, c_void_p]),
+    "ump_device_access": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
     "ump_config_var": (c_int, [c_size_t, POINTER(c_char_p), POINTER(c_char_p), POINTER(c_char_p)]),
 }
 

@@ -8,6 +8,7 @@ use crate::error;
 use std::ffi::c_void;
 use std::ptr::null_mut;
 
+#[inline(always)]
 fn out(name: &str, r: crate::error::Result<usize>) -> *mut c_void {
     match r {
         Ok(p) => p as *mut c_void,

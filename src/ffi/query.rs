@@ -124,6 +124,12 @@ unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate::error::Res
     }
     // SAFETY: T starts with a u32 size field.
     unsafe { (&mut val as *mut T).cast::<u32>().write(n as u32) };
+    if n == full {
+        // The common case: a fixed-size copy the compiler inlines.
+        // SAFETY: the caller provides `size_of::<T>()` writable bytes.
+        unsafe { out.write_unaligned(val) };
+        return Ok(());
+    }
     // SAFETY: `n` bytes of `val` are readable and the caller provides `n` writable bytes.
     unsafe { std::ptr::copy_nonoverlapping((&val as *const T).cast::<u8>(), out.cast::<u8>(), n) };
     Ok(())
