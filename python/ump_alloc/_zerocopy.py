@@ -153,8 +153,10 @@ def asarray(a, like="cupy", stream=None, device=None):
         _lib.check(
             _lib.lib().ump_device_access(ctypes.c_void_p(start), nbytes, dev, ctypes.c_void_p(handle)), "ump_device_access"
         )
-        mem = cupy.cuda.UnownedMemory(ptr, nbytes + (ptr - start), a, device_id=dev)
-        mp = cupy.cuda.MemoryPointer(mem, 0)
+        # The memory object covers every byte the strides reach (negative strides reach below
+        # the data pointer); the array starts at the data pointer inside it.
+        mem = cupy.cuda.UnownedMemory(start, nbytes, a, device_id=dev)
+        mp = cupy.cuda.MemoryPointer(mem, ptr - start)
         return cupy.ndarray(a.shape, dtype, mp, strides=strides)
     import torch
 
