@@ -102,7 +102,7 @@ pub fn init() -> Result<&'static Allocator> {
     };
     let host = Pool::new(host_backing, config.alignment, config.limit, retain);
     let devices = (0..caps.devices.len()).map(|_| OnceLock::new()).collect();
-    let hmm = !caps.devices.is_empty() && caps.devices.iter().all(|d| d.pageable_memory_access);
+    let hmm = caps.pageable_everywhere();
     let a = Allocator {
         hmm,
         alignment: config.alignment,

@@ -139,6 +139,11 @@ impl MachineCaps {
         }
     }
 
+    /// Whether every device reads pageable (malloc) memory: HMM or ATS everywhere.
+    pub fn pageable_everywhere(&self) -> bool {
+        !self.devices.is_empty() && self.devices.iter().all(|d| d.pageable_memory_access)
+    }
+
     fn has_gpu(&self) -> bool {
         self.cuda_unavailable.is_none() && !self.devices.is_empty()
     }

@@ -35,10 +35,9 @@ impl PoolStats {
 
     pub fn on_resize(&self, old: usize, new: usize) {
         if new >= old {
-            let now = self.in_use.fetch_add(new - old, Ordering::Relaxed) + (new - old);
-            self.in_use_peak.fetch_max(now, Ordering::Relaxed);
+            self.add_in_use(new - old);
         } else {
-            self.in_use.fetch_sub(old - new, Ordering::Relaxed);
+            self.sub_in_use(old - new);
         }
     }
 

@@ -349,9 +349,7 @@ pub(crate) fn identify(ptr: usize) -> ump_identity {
     if os::is_mapped(ptr) {
         id.kind = Kind::UMP_KIND_FOREIGN_HOST;
         id.host_accessible = true;
-        let hmm = allocator::caps();
-        id.device_accessible =
-            !hmm.devices.is_empty() && hmm.devices.iter().all(|d| d.pageable_memory_access);
+        id.device_accessible = allocator::caps().pageable_everywhere();
     }
     id
 }
