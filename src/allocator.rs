@@ -10,6 +10,8 @@ use crate::error::{Error, Result, Status};
 use crate::mode::{MachineCaps, Mode, ModeRequest};
 use crate::pool::{self, BlockInfo, Pool};
 use crate::prim::{cuda, os};
+use crate::stats::PoolStats;
+use crate::stream::StreamPools;
 use std::sync::{Mutex, OnceLock};
 
 /// The fixed state after initialisation.
@@ -22,7 +24,7 @@ pub struct Allocator {
     /// Every device reads pageable memory (HMM or ATS).
     hmm: bool,
     host: &'static Pool,
-    devices: Vec<OnceLock<&'static Pool>>,
+    devices: Vec<OnceLock<&'static StreamPools>>,
     device_pool_lock: Mutex<()>,
 }
 
@@ -92,7 +94,7 @@ pub fn init() -> Result<&'static Allocator> {
     let host_backing: Box<dyn Backing> = match mode {
         Mode::Host | Mode::Device => Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
         Mode::System => Box::new(HostBacking::new(Kind::UMP_KIND_SYSTEM)),
-        Mode::Managed => Box::new(ManagedBacking::new(-1)),
+        Mode::Managed => Box::new(ManagedBacking::new(-1, 0)),
         Mode::Registered => Box::new(RegisteredBacking::new(-1)),
     };
     let retain = if matches!(mode, Mode::Host | Mode::Device | Mode::System) {
@@ -167,8 +169,8 @@ impl Allocator {
         self.host
     }
 
-    /// The pool for GPU libraries on `device`, made on first use.
-    pub fn device_pool(&self, device: i32) -> Result<&'static Pool> {
+    /// The stream pools for GPU libraries on `device`, made on first use.
+    pub fn device_pools(&self, device: i32) -> Result<&'static StreamPools> {
         if self.mode == Mode::Host {
             return Err(Error::unsupported(format!(
                 "no GPU memory in mode 'host' ({})",
@@ -191,11 +193,14 @@ impl Allocator {
         if let Some(p) = slot.get() {
             return Ok(p);
         }
-        let backing: Box<dyn Backing> = match self.mode {
-            Mode::System => Box::new(HostBacking::for_device(Kind::UMP_KIND_SYSTEM, device)),
-            Mode::Managed => Box::new(ManagedBacking::new(device)),
-            Mode::Registered => Box::new(RegisteredBacking::new(device)),
-            Mode::Device => Box::new(DeviceBacking::new(device)),
+        let headroom = self.config.headroom;
+        let make: Box<dyn Fn() -> Box<dyn Backing> + Send + Sync> = match self.mode {
+            Mode::System => {
+                Box::new(move || Box::new(HostBacking::for_device(Kind::UMP_KIND_SYSTEM, device)))
+            }
+            Mode::Managed => Box::new(move || Box::new(ManagedBacking::new(device, headroom))),
+            Mode::Registered => Box::new(move || Box::new(RegisteredBacking::new(device))),
+            Mode::Device => Box::new(move || Box::new(DeviceBacking::new(device))),
             Mode::Host => unreachable!("checked above"),
         };
         let retain = if self.mode == Mode::System {
@@ -203,14 +208,39 @@ impl Allocator {
         } else {
             usize::MAX
         };
-        let p = Pool::new(backing, self.alignment, self.config.limit, retain);
-        Ok(*slot.get_or_init(|| p))
+        let kind = match self.mode {
+            Mode::System => Kind::UMP_KIND_SYSTEM,
+            Mode::Managed => Kind::UMP_KIND_MANAGED,
+            Mode::Registered => Kind::UMP_KIND_REGISTERED,
+            _ => Kind::UMP_KIND_DEVICE,
+        };
+        let stats = Box::leak(Box::new(PoolStats::with_parent(crate::stats::device_side(
+            kind,
+        ))));
+        let g = StreamPools::new(
+            device,
+            make,
+            self.alignment,
+            self.config.limit,
+            retain,
+            cuda::available(),
+            stats,
+        );
+        Ok(*slot.get_or_init(|| g))
+    }
+
+    /// The device stream pools made so far.
+    pub fn device_groups(&self) -> Vec<&'static StreamPools> {
+        self.devices
+            .iter()
+            .filter_map(|s| s.get().copied())
+            .collect()
     }
 
     /// Every pool made so far, host first.
     pub fn pools(&self) -> Vec<&'static Pool> {
         std::iter::once(self.host)
-            .chain(self.devices.iter().filter_map(|s| s.get().copied()))
+            .chain(self.device_groups().into_iter().flat_map(|g| g.pools()))
             .collect()
     }
 
@@ -231,7 +261,9 @@ impl Allocator {
 /// malloc: `n` bytes, aligned; 0 yields a unique block.
 #[inline]
 pub fn malloc(n: usize) -> Result<usize> {
-    Ok(instance()?.host_pool().alloc(n)?.ptr)
+    let ptr = instance()?.host_pool().alloc(n)?.ptr;
+    crate::scope::on_alloc(ptr, n);
+    Ok(ptr)
 }
 
 /// calloc: zeroed `nelem * elsize` bytes; overflow is an error (ENOMEM at the C layer).
@@ -244,6 +276,7 @@ pub fn calloc(nelem: usize, elsize: usize) -> Result<usize> {
         // SAFETY: host-accessible block of at least n bytes, just allocated.
         unsafe { std::ptr::write_bytes(a.ptr as *mut u8, 0, n) };
     }
+    crate::scope::on_alloc(a.ptr, n);
     Ok(a.ptr)
 }
 
@@ -284,6 +317,7 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
     let new = info.pool.alloc(n)?.ptr;
     // SAFETY: both blocks are host-accessible, distinct, and at least this long.
     unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, new as *mut u8, info.size.min(n)) };
+    crate::scope::on_move(ptr, new, n);
     info.pool.free(ptr)?;
     Ok(new)
 }
@@ -294,6 +328,8 @@ pub fn free(ptr: usize) -> Result<()> {
     if ptr == 0 {
         return Ok(());
     }
+    // Before the free: once freed, another thread may get the same address.
+    crate::scope::on_free(ptr);
     pool::free_block(ptr).map(|_| ())
 }
 
@@ -301,13 +337,24 @@ pub fn free(ptr: usize) -> Result<()> {
 
 /// Allocate `n` bytes for GPU libraries on `device`. `stream` is the stream the block will be
 /// used on (0: the legacy default stream).
-pub fn device_malloc(n: usize, device: i32, _stream: usize) -> Result<usize> {
+pub fn device_malloc(n: usize, device: i32, stream: usize) -> Result<usize> {
     let a = instance()?;
-    Ok(a.device_pool(device)?.alloc(n)?.ptr)
+    let ptr = a.device_pools(device)?.pool_for(stream)?.alloc(n)?.ptr;
+    crate::scope::on_alloc(ptr, n);
+    Ok(ptr)
 }
 
-/// Free a block made by [`device_malloc`] (any live block of ours is accepted).
-pub fn device_free(ptr: usize, _device: i32, _stream: usize) -> Result<()> {
+/// Free a block made by [`device_malloc`] (any live block of ours is accepted), last used on
+/// `stream`. A block goes back to the pool of the stream it was allocated on; when `stream`
+/// is another one, that pool's stream is first ordered after `stream`'s work.
+pub fn device_free(ptr: usize, _device: i32, stream: usize) -> Result<()> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    let info = block_at(ptr)?;
+    if let Some(g) = info.pool.group() {
+        g.fence_free(info.pool, stream);
+    }
     free(ptr)
 }
 

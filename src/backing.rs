@@ -177,15 +177,37 @@ fn aligned_driver_chunk(
 /// CUDA managed memory (mode `managed`). Device pools advise their chunks to prefer the
 /// device and prefetch them there once, so kernels start at full speed; the host pool leaves
 /// placement to the driver's fault-driven migration.
+///
+/// With a headroom (RMM's SamHeadroomMemoryResource), a device chunk prefers the device only
+/// up to the device's free memory minus the headroom; the rest of it prefers host memory and
+/// is mapped for the device, so kernels reach it over the bus and the headroom stays free.
 pub struct ManagedBacking {
     device: i32,
+    headroom: usize,
 }
 
 impl ManagedBacking {
-    pub fn new(device: i32) -> Self {
-        ManagedBacking { device }
+    pub fn new(device: i32, headroom: usize) -> Self {
+        ManagedBacking { device, headroom }
+    }
+
+    /// Bytes at the front of a new chunk of `size` bytes that may live on the device.
+    fn device_portion(&self, size: usize) -> usize {
+        if self.headroom == 0 {
+            return size;
+        }
+        let free = cuda::mem_info(self.device).map_or(0, |(free, _)| free);
+        let room = free.saturating_sub(self.headroom);
+        if room >= size {
+            size
+        } else {
+            room & !(HEADROOM_ALIGN - 1)
+        }
     }
 }
+
+/// Granularity of the device/host split of a chunk under a headroom (a large page).
+const HEADROOM_ALIGN: usize = 2 << 20;
 
 impl Backing for ManagedBacking {
     fn kind(&self) -> Kind {
@@ -206,9 +228,15 @@ impl Backing for ManagedBacking {
         )?;
         if dev >= 0 {
             // Placement is advice: failures leave correct (if slower) memory.
-            let _ = cuda::advise_preferred(chunk.raw, chunk.raw_size, dev);
+            let on_dev = self.device_portion(chunk.raw_size);
             let _ = cuda::advise_accessed_by(chunk.raw, chunk.raw_size, dev);
-            let _ = cuda::prefetch(chunk.raw, chunk.raw_size, dev, 0, dev);
+            if on_dev > 0 {
+                let _ = cuda::advise_preferred(chunk.raw, on_dev, dev);
+                let _ = cuda::prefetch(chunk.raw, on_dev, dev, 0, dev);
+            }
+            if on_dev < chunk.raw_size {
+                let _ = cuda::advise_preferred(chunk.raw + on_dev, chunk.raw_size - on_dev, -1);
+            }
         }
         Ok(chunk)
     }

@@ -46,12 +46,17 @@ pub const VARS: &[Var] = &[
     Var {
         name: c"UMP_ALLOC_LIMIT",
         default: c"none",
-        help: c"cap on bytes in use per pool (e.g. 8G); beyond it allocations fail cleanly",
+        help: c"cap on bytes mapped by the host pool and by each device, all streams together (e.g. 8G); beyond it allocations fail cleanly",
     },
     Var {
         name: c"UMP_ALLOC_HOST_RETAIN",
         default: c"256M",
         help: c"free bytes a host-memory pool keeps cached before returning chunks to the OS",
+    },
+        Var {
+        name: c"UMP_ALLOC_HEADROOM",
+        default: c"0",
+        help: c"managed mode: device memory to keep free; chunks for GPU libraries beyond (free - headroom) prefer host memory",
     },
     Var {
         name: c"UMP_ALLOC_PREFETCH_MIN",
@@ -78,6 +83,8 @@ pub struct Config {
     pub limit: Option<usize>,
     pub host_retain: usize,
     pub prefetch_min: usize,
+    /// Device bytes to keep free (0: off).
+    pub headroom: usize,
 }
 
 impl Default for Config {
@@ -88,6 +95,7 @@ impl Default for Config {
             limit: None,
             host_retain: DEFAULT_HOST_RETAIN,
             prefetch_min: DEFAULT_PREFETCH_MIN,
+            headroom: 0,
         }
     }
 }
@@ -127,6 +135,10 @@ impl Config {
         if let Some(v) = get("UMP_ALLOC_HOST_RETAIN") {
             c.host_retain = parse_bytes(&v)
                 .map_err(|e| Error::config(format!("UMP_ALLOC_HOST_RETAIN={v:?}: {e}")))?;
+        }
+        if let Some(v) = get("UMP_ALLOC_HEADROOM") {
+            c.headroom = parse_bytes(&v)
+                .map_err(|e| Error::config(format!("UMP_ALLOC_HEADROOM={v:?}: {e}")))?;
         }
         if let Some(v) = get("UMP_ALLOC_PREFETCH_MIN") {
             c.prefetch_min = parse_bytes(&v)

@@ -23,7 +23,9 @@ pub mod mode;
 pub mod pool;
 pub mod prim;
 pub mod registry;
+pub mod scope;
 pub mod stats;
+pub mod stream;
 
 pub use error::{Error, Result, Status};
 pub use mode::Mode;

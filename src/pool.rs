@@ -13,8 +13,10 @@
 
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
+use crate::prim::cuda;
 use crate::registry::{self, GRANULE};
 use crate::stats::PoolStats;
+use crate::stream::StreamPools;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -36,6 +38,15 @@ const TAG_MASK: usize = 3;
 const SPAN_FREE: u8 = 0;
 const SPAN_USED: u8 = 1;
 const SPAN_SLAB: u8 = 2;
+/// Freed, kept whole in the exact-size list (not in the free set, never merged).
+const SPAN_CACHED: u8 = 3;
+
+/// Freed spans kept whole for reuse by a request of exactly their length (PyTorch's and
+/// CuPy's common case: the same shapes every iteration). Bounded; the oldest is merged into
+/// the free set when it overflows, and all are whenever a request finds nothing else.
+const QUICK_MAX: usize = 32;
+/// Most bytes the exact-size list holds (and never more than the pool's `retain`).
+const QUICK_MAX_BYTES: usize = 256 << 20;
 
 /// Lock a mutex, ignoring poisoning: a panic caught at the C boundary must not wedge the pool.
 /// Every critical section keeps the state consistent at each point a panic could occur.
@@ -175,6 +186,13 @@ struct Large {
     spare: Vec<&'static Span>,
     /// Bytes in free spans that cover a whole chunk (what can go back to the backing).
     idle: usize,
+    /// Stream-ordered pools only: for each wholly free chunk (by base), the event recorded on
+    /// the pool's stream when it fell idle. Another stream may use the chunk once it waits
+    /// for the event; this stream may use it at once.
+    events: Vec<(usize, cuda::Event)>,
+    /// The exact-size list (oldest first): spans in state CACHED.
+    quick: std::collections::VecDeque<&'static Span>,
+    quick_bytes: usize,
 }
 
 /// Where a live block is, as the registry and descriptors say.
@@ -205,7 +223,16 @@ pub struct Pool {
     table: ClassTable,
     classes: Box<[Mutex<ClassState>]>,
     large: Mutex<Large>,
-    pub stats: PoolStats,
+    /// Counters, shared by the stream pools of one device.
+    pub stats: &'static PoolStats,
+    /// The stream this pool's blocks are used on (stream-ordered pools; 0 otherwise).
+    stream: usize,
+    /// The device's set of stream pools this pool belongs to, if it is stream-ordered.
+    group: Option<&'static StreamPools>,
+    /// The stream was retired (about to be destroyed): its handle is never used again, and
+    /// `retire_event` (recorded at retirement) orders everything it ran.
+    retired: AtomicBool,
+    pub(crate) retire_event: Mutex<Option<cuda::Event>>,
     limit: Option<usize>,
     /// Free bytes kept in otherwise empty chunks before they go back to the backing.
     retain: usize,
@@ -316,6 +343,39 @@ impl Pool {
         limit: Option<usize>,
         retain: usize,
     ) -> &'static Pool {
+        let stats = Box::leak(Box::new(PoolStats::default()));
+        Self::build(backing, align, limit, retain, stats, None, 0)
+    }
+
+    /// Make the pool of `stream` inside a device's stream pools, sharing their counters.
+    pub fn for_stream(
+        backing: Box<dyn Backing>,
+        align: usize,
+        limit: Option<usize>,
+        retain: usize,
+        group: &'static StreamPools,
+        stream: usize,
+    ) -> &'static Pool {
+        Self::build(
+            backing,
+            align,
+            limit,
+            retain,
+            group.stats,
+            Some(group),
+            stream,
+        )
+    }
+
+    fn build(
+        backing: Box<dyn Backing>,
+        align: usize,
+        limit: Option<usize>,
+        retain: usize,
+        stats: &'static PoolStats,
+        group: Option<&'static StreamPools>,
+        stream: usize,
+    ) -> &'static Pool {
         let table = ClassTable::new(align);
         let classes = (0..table.len())
             .map(|_| Mutex::new(ClassState::default()))
@@ -327,10 +387,48 @@ impl Pool {
             table,
             classes,
             large: Mutex::new(Large::default()),
-            stats: PoolStats::default(),
+            stats,
+            stream,
+            group,
+            retired: AtomicBool::new(false),
+            retire_event: Mutex::new(None),
             limit,
             retain,
         }))
+    }
+
+    /// Whether this pool's stream was retired.
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// Retire this pool's stream: record the event that covers all its work, then never
+    /// touch the handle again.
+    pub(crate) fn retire(&self) {
+        let ev = cuda::Event::record(self.stream, self.device).ok();
+        if ev.is_none() {
+            let _ = cuda::device_synchronize(self.device);
+        }
+        *lock(&self.retire_event) = ev;
+        self.retired.store(true, Ordering::Release);
+        // Chunk events were recorded on the same stream earlier: the retire event covers them.
+        lock(&self.large).events.clear();
+    }
+
+    /// The stream this pool serves (0 unless stream-ordered).
+    #[inline]
+    pub fn stream(&self) -> usize {
+        self.stream
+    }
+
+    /// The device's stream pools, when this pool is stream-ordered.
+    pub fn group(&self) -> Option<&'static StreamPools> {
+        self.group
+    }
+
+    /// Whether freed memory must be fenced with events before another stream uses it.
+    fn ordered(&self) -> bool {
+        self.group.is_some_and(|g| g.ordered())
     }
 
     #[inline]
@@ -547,7 +645,10 @@ impl Pool {
         let mut lg = lock(&self.large);
         let state = sp.state.load(Ordering::Acquire);
         let start = sp.start.load(Ordering::Acquire);
-        if state == SPAN_FREE && ptr >= start && ptr < start + sp.len.load(Ordering::Relaxed) {
+        if (state == SPAN_FREE || state == SPAN_CACHED)
+            && ptr >= start
+            && ptr < start + sp.len.load(Ordering::Relaxed)
+        {
             return Err(double_free(ptr));
         }
         if state != SPAN_USED {
@@ -559,10 +660,40 @@ impl Pool {
             )));
         }
         let n = sp.req.load(Ordering::Relaxed);
-        sp.state.store(SPAN_FREE, Ordering::Release);
-        self.insert_free(&mut lg, sp);
-        self.maybe_release(&mut lg);
+        let len = sp.len.load(Ordering::Relaxed);
+        if is_whole_chunk(sp) || len > QUICK_MAX_BYTES.min(self.retain) {
+            // A chunk of its own (the free set reuses it as cheaply, and it may go idle), or
+            // more than the list may hold.
+            sp.state.store(SPAN_FREE, Ordering::Release);
+            self.insert_free(&mut lg, sp);
+            self.maybe_release(&mut lg);
+        } else {
+            sp.state.store(SPAN_CACHED, Ordering::Release);
+            lg.quick.push_back(sp);
+            lg.quick_bytes += len;
+            while lg.quick.len() > QUICK_MAX || lg.quick_bytes > QUICK_MAX_BYTES.min(self.retain) {
+                let old = lg.quick.pop_front().expect("non-empty");
+                self.uncache(&mut lg, old);
+            }
+        }
         Ok(n)
+    }
+
+    /// Move a span from the exact-size list into the free set (merging it).
+    fn uncache(&'static self, lg: &mut Large, sp: &'static Span) {
+        lg.quick_bytes -= sp.len.load(Ordering::Relaxed);
+        sp.state.store(SPAN_FREE, Ordering::Release);
+        self.insert_free(lg, sp);
+        self.maybe_release(lg);
+    }
+
+    /// Merge every span of the exact-size list into the free set. Returns whether any was.
+    fn flush_quick(&'static self, lg: &mut Large) -> bool {
+        let any = !lg.quick.is_empty();
+        while let Some(sp) = lg.quick.pop_front() {
+            self.uncache(lg, sp);
+        }
+        any
     }
 
     /// Return a used (not slab) span to the free set, under the large lock.
@@ -575,32 +706,98 @@ impl Pool {
 
     /// Take a span of exactly `len` bytes (granule multiple), mapping a chunk if needed.
     /// The span comes back in state USED (so no concurrent free merges it), with the registry
-    /// pointing at it.
+    /// pointing at it. A stream-ordered pool that has nothing free that fits first adopts a
+    /// wholly free chunk of another stream of its device (ordered after that stream's work)
+    /// before it maps a new one.
     fn take_span(&'static self, len: usize) -> Result<&'static Span> {
-        let mut lg = lock(&self.large);
-        let sp = if let Some(&(flen, fstart)) = lg.free.range((len, 0)..).next() {
-            self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            lg.free.remove(&(flen, fstart));
-            let Some(Entry::Span(sp)) = entry_at(fstart) else {
-                unreachable!("free set entries are registered spans")
-            };
-            if is_whole_chunk(sp) {
-                lg.idle -= flen;
+        let chunk_len = if len >= ARENA / 2 { len } else { ARENA };
+        if let Some(g) = self.group {
+            {
+                let mut lg = lock(&self.large);
+                if let Some(sp) = self.take_fit(&mut lg, len) {
+                    return Ok(self.finish_take(&mut lg, sp, len));
+                }
             }
-            sp
-        } else {
-            self.stats.misses.fetch_add(1, Ordering::Relaxed);
-            let chunk_len = if len >= ARENA / 2 { len } else { ARENA };
-            let chunk = self.map_chunk(&mut lg, chunk_len, len)?;
-            self.new_span(
-                &mut lg,
-                chunk.base,
-                chunk.size,
-                &chunk,
-                !self.backing.fresh_is_zero(),
-            )
+            // Neither lock of ours is held while other pools' locks are taken.
+            if let Some(chunk) = g.steal(self, len) {
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                let mut lg = lock(&self.large);
+                lg.chunks.push(chunk);
+                let sp = self.new_span(&mut lg, chunk.base, chunk.size, &chunk, true);
+                return Ok(self.finish_take(&mut lg, sp, len));
+            }
+            g.make_room(chunk_len, len);
+        }
+        let mut lg = lock(&self.large);
+        let sp = match self.take_fit(&mut lg, len) {
+            Some(sp) => sp,
+            None => {
+                self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                let chunk = match (self.map_chunk(&mut lg, chunk_len, len), self.group) {
+                    (Ok(c), _) => c,
+                    (Err(e), None) => return Err(e),
+                    (Err(_), Some(g)) => {
+                        // Out of memory: give back what every stream of the device holds
+                        // idle, then try once more.
+                        drop(lg);
+                        g.release_idle();
+                        lg = lock(&self.large);
+                        self.map_chunk(&mut lg, chunk_len, len)?
+                    }
+                };
+                self.new_span(
+                    &mut lg,
+                    chunk.base,
+                    chunk.size,
+                    &chunk,
+                    !self.backing.fresh_is_zero(),
+                )
+            }
         };
-        let taken = self.split_tail(&mut lg, sp, len);
+        Ok(self.finish_take(&mut lg, sp, len))
+    }
+
+    /// Best fit for `len` bytes from this pool's free set, out of the set.
+    fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<&'static Span> {
+        if let Some(i) = lg
+            .quick
+            .iter()
+            .rposition(|sp| sp.len.load(Ordering::Relaxed) == len)
+        {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            let sp = lg.quick.remove(i).expect("index in range");
+            lg.quick_bytes -= len;
+            // State FREE for `finish_take`, which cuts nothing off an exact fit.
+            sp.state.store(SPAN_FREE, Ordering::Release);
+            return Some(sp);
+        }
+        let fit = lg.free.range((len, 0)..).next().copied();
+        let (flen, fstart) = match fit {
+            Some(f) => f,
+            None => {
+                // Merge the exact-size list and look again before mapping more memory.
+                if !self.flush_quick(lg) {
+                    return None;
+                }
+                *lg.free.range((len, 0)..).next()?
+            }
+        };
+        self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        lg.free.remove(&(flen, fstart));
+        let Some(Entry::Span(sp)) = entry_at(fstart) else {
+            unreachable!("free set entries are registered spans")
+        };
+        if is_whole_chunk(sp) {
+            lg.idle -= flen;
+            // This stream may reuse its own idle chunk at once: its event is moot.
+            take_event(lg, fstart);
+        }
+        Some(sp)
+    }
+
+    /// Cut `len` bytes from free span `sp` and mark them used.
+    fn finish_take(&'static self, lg: &mut Large, sp: &'static Span, len: usize) -> &'static Span {
+        let taken = self.split_tail(lg, sp, len);
         taken.state.store(SPAN_USED, Ordering::Release);
         // Huge pages (NumPy's default does this for blocks of 4 MiB and more): advise the whole
         // chunk the first time such a block lands in it, so reuse costs no system call.
@@ -613,7 +810,47 @@ impl Pool {
                 self.backing.advise_block(c.base, c.size);
             }
         }
-        Ok(taken)
+        taken
+    }
+
+    /// Hand a wholly free chunk of at least `min` bytes (the smallest such) to another pool of
+    /// the same backing kind, with the event that orders it after this pool's stream.
+    pub(crate) fn take_idle_chunk(
+        &'static self,
+        min: usize,
+    ) -> Option<(Chunk, Option<cuda::Event>)> {
+        let mut lg = lock(&self.large);
+        self.flush_quick(&mut lg);
+        if lg.idle < min {
+            return None;
+        }
+        let (len, start) = lg
+            .free
+            .range((min, 0)..)
+            .copied()
+            .find(|&(len, start)| lg.chunks.iter().any(|c| c.base == start && c.size == len))?;
+        let Some(Entry::Span(sp)) = entry_at(start) else {
+            unreachable!("free spans are registered")
+        };
+        self.unlist_free(&mut lg, sp);
+        registry::set_range(start, len, 0);
+        let pos = lg
+            .chunks
+            .iter()
+            .position(|c| c.base == start)
+            .expect("chunk record");
+        let chunk = lg.chunks.swap_remove(pos);
+        sp.len.store(0, Ordering::Release);
+        lg.spare.push(sp);
+        let ev = take_event(&mut lg, start);
+        Some((chunk, ev))
+    }
+
+    /// Give back every wholly free chunk of this pool (waiting for its stream first).
+    pub(crate) fn release_idle(&'static self) -> usize {
+        let mut lg = lock(&self.large);
+        self.flush_quick(&mut lg);
+        self.release_free_chunks(&mut lg, 0)
     }
 
     /// Map a chunk of `want` bytes (falling back to `need` bytes), honouring the limit and
@@ -737,9 +974,32 @@ impl Pool {
             }
         }
         let len = cur.len.load(Ordering::Relaxed);
-        lg.free.insert((len, cur.start.load(Ordering::Relaxed)));
+        let start = cur.start.load(Ordering::Relaxed);
+        lg.free.insert((len, start));
         if is_whole_chunk(cur) {
             lg.idle += len;
+            if self.ordered() {
+                self.stamp_idle(lg, start);
+            }
+        }
+    }
+
+    /// Record, on this pool's stream, the event after which chunk `base` (now wholly free)
+    /// may serve another stream. When the stream cannot take an event (a destroyed stream
+    /// handle), wait for the device instead, so the chunk needs none.
+    fn stamp_idle(&self, lg: &mut Large, base: usize) {
+        take_event(lg, base);
+        if self.is_retired() {
+            return; // the retire event orders the chunk
+        }
+        match cuda::Event::record(self.stream, self.device) {
+            Ok(ev) => lg.events.push((base, ev)),
+            Err(_) => {
+                if let Some(g) = self.group {
+                    g.count_sync();
+                }
+                let _ = cuda::device_synchronize(self.device);
+            }
         }
     }
 
@@ -806,7 +1066,14 @@ impl Pool {
                 .position(|c| c.base == start)
                 .expect("chunk record");
             let chunk = lg.chunks.swap_remove(pos);
-            // SAFETY: the chunk is wholly free and no longer registered.
+            // Work queued on this pool's stream may still touch the chunk: wait for it.
+            if let Some(ev) = take_event(lg, start)
+                && ev.wait().is_err()
+            {
+                let _ = cuda::device_synchronize(self.device);
+            }
+            // SAFETY: the chunk is wholly free, no longer registered, and no queued work of
+            // its stream uses it.
             unsafe { self.backing.unmap(&chunk) };
             self.stats.on_unmap(chunk.size);
             sp.len.store(0, Ordering::Release);
@@ -822,6 +1089,7 @@ impl Pool {
     pub fn trim(&'static self) -> usize {
         self.trim_slabs();
         let mut lg = lock(&self.large);
+        self.flush_quick(&mut lg);
         self.release_free_chunks(&mut lg, 0)
     }
 
@@ -850,7 +1118,11 @@ impl Pool {
     /// Bytes of free memory held in chunks and slabs (mapped but not handed out).
     pub fn cached_bytes(&self) -> usize {
         let lg = lock(&self.large);
-        let spans: usize = lg.free.iter().map(|f| f.0).sum();
+        let spans: usize = lg.free.iter().map(|f| f.0).sum::<usize>()
+            + lg.quick
+                .iter()
+                .map(|sp| sp.len.load(Ordering::Relaxed))
+                .sum::<usize>();
         drop(lg);
         let slots: usize = self
             .classes
@@ -1017,6 +1289,12 @@ pub fn flush_thread_counts() {
     }
 }
 
+/// Take the idle event of chunk `base` out of the list, if it has one.
+fn take_event(lg: &mut Large, base: usize) -> Option<cuda::Event> {
+    let i = lg.events.iter().position(|e| e.0 == base)?;
+    Some(lg.events.swap_remove(i).1)
+}
+
 fn is_whole_chunk(sp: &Span) -> bool {
     sp.start.load(Ordering::Relaxed) == sp.chunk_base.load(Ordering::Relaxed)
         && sp.len.load(Ordering::Relaxed) == sp.chunk_len.load(Ordering::Relaxed)
@@ -1132,6 +1410,53 @@ mod tests {
         // With retain 0 the arena is whole again and goes back at once.
         assert_eq!(p.stats.mapped.load(Ordering::Relaxed), 0);
         assert_eq!(lock(&p.large).free.len(), 0);
+    }
+
+    #[test]
+    fn exact_sizes_come_back_whole_and_merge_when_needed() {
+        let p = Pool::new(
+            Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+            512,
+            None,
+            usize::MAX,
+        );
+        let keep = p.alloc(300 << 10).unwrap().ptr;
+        let a = p.alloc(1 << 20).unwrap().ptr;
+        let b = p.alloc(2 << 20).unwrap().ptr;
+        p.free(a).unwrap();
+        p.free(b).unwrap();
+        assert!(
+            lookup(a).is_none() && lookup(b + 5).is_none(),
+            "cached spans are not live"
+        );
+        assert!(p.free(a).is_err(), "a double free of a cached span is seen");
+        assert!(p.cached_bytes() >= 3 << 20);
+        assert_eq!(
+            p.alloc(2 << 20).unwrap().ptr,
+            b,
+            "exact size: the same span"
+        );
+        assert_eq!(p.alloc(1 << 20).unwrap().ptr, a);
+        // Fill the arena, then free a and b: only merged do they serve 3 MiB.
+        let rest = ARENA - (320 << 10) - (3 << 20);
+        let f1 = p.alloc(31 << 20).unwrap().ptr;
+        let f2 = p.alloc(rest - (31 << 20)).unwrap().ptr;
+        let mapped = p.stats.mapped.load(Ordering::Relaxed);
+        assert_eq!(mapped, ARENA);
+        p.free(a).unwrap();
+        p.free(b).unwrap();
+        let c = p.alloc(3 << 20).unwrap().ptr;
+        assert_eq!(c, b, "a and b merged");
+        assert_eq!(
+            p.stats.mapped.load(Ordering::Relaxed),
+            mapped,
+            "nothing new mapped"
+        );
+        for x in [c, f1, f2, keep] {
+            p.free(x).unwrap();
+        }
+        assert_eq!(p.trim(), ARENA);
+        assert_eq!(p.stats.mapped.load(Ordering::Relaxed), 0);
     }
 
     #[test]

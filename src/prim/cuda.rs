@@ -90,6 +90,7 @@ driver_table! {
     cuMemHostUnregister: fn(*mut c_void);
     cuMemGetInfo_v2: fn(*mut usize, *mut usize);
     cuStreamSynchronize: fn(CUstream);
+    cuCtxSynchronize: fn();
     cuStreamWaitEvent: fn(CUstream, CUevent, c_uint);
     cuEventCreate: fn(*mut CUevent, c_uint);
     cuEventRecord: fn(CUevent, CUstream);
@@ -482,6 +483,49 @@ pub fn mem_info(device: i32) -> Result<(usize, usize)> {
     })
 }
 
+/// Wait for all work queued on every stream of `device`'s primary context (the last resort
+/// of stream-ordered reuse when a stream handle is no longer valid).
+pub fn device_synchronize(device: i32) -> Result<()> {
+    with_device(device.max(0), |d| {
+        // SAFETY: no arguments; the context is current.
+        check(d, unsafe { (d.cuCtxSynchronize)() }, "cuCtxSynchronize")
+    })
+}
+
+/// Events kept for reuse, per device: creating one costs a driver call, recording one is
+/// cheap, and stream-ordered reuse records one each time a chunk falls idle.
+static EVENT_CACHE: std::sync::Mutex<Vec<(i32, usize)>> = std::sync::Mutex::new(Vec::new());
+/// Events kept at most (beyond this they are destroyed).
+const EVENT_CACHE_MAX: usize = 256;
+
+fn cached_event(d: &Driver, device: i32) -> Result<usize> {
+    {
+        let mut c = EVENT_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = c.iter().rposition(|&(dev, _)| dev == device) {
+            return Ok(c.swap_remove(i).1);
+        }
+    }
+    let mut ev: CUevent = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the device's context is current (caller).
+    check(
+        d,
+        unsafe { (d.cuEventCreate)(&mut ev, CU_EVENT_DISABLE_TIMING) },
+        "cuEventCreate",
+    )?;
+    Ok(ev as usize)
+}
+
+fn uncache_event(d: &Driver, device: i32, ev: usize) {
+    let mut c = EVENT_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if c.len() < EVENT_CACHE_MAX {
+        c.push((device, ev));
+    } else {
+        drop(c);
+        // SAFETY: `ev` is a live event nobody else holds.
+        unsafe { (d.cuEventDestroy_v2)(ev as CUevent) };
+    }
+}
+
 /// An event recorded on a stream: what stream-ordered reuse waits for.
 #[derive(Debug)]
 pub struct Event {
@@ -490,30 +534,20 @@ pub struct Event {
 }
 
 impl Event {
-    /// Record a new event on `stream` of `device`.
+    /// Record an event on `stream` of `device` (events are reused from a cache).
     pub fn record(stream: usize, device: i32) -> Result<Event> {
         with_device(device.max(0), |d| {
-            let mut ev: CUevent = std::ptr::null_mut();
-            // SAFETY: valid out-pointer.
-            check(
-                d,
-                unsafe { (d.cuEventCreate)(&mut ev, CU_EVENT_DISABLE_TIMING) },
-                "cuEventCreate",
-            )?;
-            // SAFETY: `ev` was just created; the driver validates the stream.
+            let ev = cached_event(d, device)?;
+            // SAFETY: `ev` is a live event; the driver validates the stream.
             if let Err(e) = check(
                 d,
-                unsafe { (d.cuEventRecord)(ev, stream as CUstream) },
+                unsafe { (d.cuEventRecord)(ev as CUevent, stream as CUstream) },
                 "cuEventRecord",
             ) {
-                // SAFETY: destroying the event we created.
-                unsafe { (d.cuEventDestroy_v2)(ev) };
+                uncache_event(d, device, ev);
                 return Err(e);
             }
-            Ok(Event {
-                ev: ev as usize,
-                device,
-            })
+            Ok(Event { ev, device })
         })
     }
 
@@ -557,8 +591,8 @@ impl Event {
 impl Drop for Event {
     fn drop(&mut self) {
         if let Ok(d) = driver() {
-            // SAFETY: `ev` is a live event owned by this value.
-            unsafe { (d.cuEventDestroy_v2)(self.ev as CUevent) };
+            // A recorded event may be re-recorded at once: waiters already captured it.
+            uncache_event(d, self.device, self.ev);
         }
     }
 }
