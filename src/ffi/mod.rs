@@ -7,6 +7,7 @@
 pub mod cupy;
 pub mod numpy;
 pub mod query;
+pub mod scope;
 pub mod torch;
 
 use crate::error::{self, Error, Status};
