@@ -232,8 +232,11 @@ fn bench_identify(c: &mut Criterion) {
             }
         }));
     }
+    // Whether criterion ran a contended bench (a name filter may skip them).
+    let measured = AtomicBool::new(false);
     g.bench_function(format!("contended_{READERS}r_1w/ours_interior"), |b| {
         b.iter_custom(|iters| {
+            measured.store(true, Ordering::Relaxed);
             let mut all_ours = true;
             let start = Instant::now();
             for i in 0..iters as usize {
@@ -252,6 +255,7 @@ fn bench_identify(c: &mut Criterion) {
         format!("contended_{READERS}r_1w/ours_interior_thread_cpu"),
         |b| {
             b.iter_custom(|iters| {
+                measured.store(true, Ordering::Relaxed);
                 let mut all_ours = true;
                 let start = thread_cpu_time();
                 for i in 0..iters as usize {
@@ -273,7 +277,10 @@ fn bench_identify(c: &mut Criterion) {
         0,
         "reader saw ours == false"
     );
-    assert!(writer_cycles.load(Ordering::Relaxed) > 0);
+    assert!(
+        !measured.load(Ordering::Relaxed) || writer_cycles.load(Ordering::Relaxed) > 0,
+        "the writer never ran during the contended benchmark"
+    );
     g.finish();
 
     for p in live.iter() {
@@ -285,5 +292,86 @@ fn bench_identify(c: &mut Criterion) {
     ump_free(big, 1 << 20);
 }
 
-criterion_group!(benches, bench_malloc_free, bench_batch, bench_identify);
+/// Allocation cost against the number of free spans in the pool: N holes of distinct sizes
+/// (300 KiB .. ), then alloc+free pairs of a size that fits none exactly. RMM's legacy pool is
+/// linear in N; a best-fit tree is logarithmic.
+fn bench_free_spans(c: &mut Criterion) {
+    let mut g = configure(c, "free_spans");
+    for &holes in &[16usize, 1024, 16384] {
+        let mut live = Vec::new();
+        let mut gaps = Vec::new();
+        for i in 0..holes {
+            // Distinct hole sizes, separated by live blocks so they cannot merge.
+            let n = (320 << 10) + (i % 2048) * 65536;
+            let hole = ump_malloc(n);
+            let sep = ump_malloc(300 << 10);
+            assert!(!hole.is_null() && !sep.is_null());
+            gaps.push((hole, n));
+            live.push(sep);
+        }
+        for &(p, n) in &gaps {
+            ump_free(p, n);
+        }
+        g.bench_with_input(BenchmarkId::new("ump_pair_1MiB", holes), &holes, |b, _| {
+            b.iter(|| {
+                let p = ump_malloc(black_box((1 << 20) + 4096));
+                assert!(!p.is_null());
+                ump_free(black_box(p), (1 << 20) + 4096);
+            })
+        });
+        // 64 sizes in turn: more than the exact-size list holds, so every request searches
+        // the best-fit tree.
+        let mut k = 0usize;
+        g.bench_with_input(
+            BenchmarkId::new("ump_pair_64_sizes", holes),
+            &holes,
+            |b, _| {
+                b.iter(|| {
+                    k = (k + 1) % 64;
+                    let n = (1 << 20) + k * 65536;
+                    let p = ump_malloc(black_box(n));
+                    assert!(!p.is_null());
+                    ump_free(black_box(p), n);
+                })
+            },
+        );
+        for p in live {
+            ump_free(p, 300 << 10);
+        }
+        ump_alloc::ffi::query::ump_trim();
+    }
+    g.finish();
+}
+
+/// The GPU libraries' path: `ump_torch_malloc`/`ump_torch_free` pairs on the legacy default
+/// stream (cached after the first). Skipped without a GPU.
+fn bench_device_pair(c: &mut Criterion) {
+    use ump_alloc::ffi::torch::{ump_torch_free, ump_torch_malloc};
+    let probe = ump_torch_malloc(64, 0, std::ptr::null_mut());
+    if probe.is_null() {
+        eprintln!("device_pair: skipped (no GPU memory in this mode)");
+        return;
+    }
+    ump_torch_free(probe, 64, 0, std::ptr::null_mut());
+    let mut g = configure(c, "device_pair");
+    for &size in &[512usize, 65536, 1 << 20, 16 << 20, 64 << 20] {
+        g.bench_with_input(BenchmarkId::new("ump_torch", size), &size, |b, &n| {
+            b.iter(|| {
+                let p = ump_torch_malloc(black_box(n), 0, std::ptr::null_mut());
+                assert!(!p.is_null());
+                ump_torch_free(black_box(p), n, 0, std::ptr::null_mut());
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_malloc_free,
+    bench_batch,
+    bench_identify,
+    bench_free_spans,
+    bench_device_pair
+);
 criterion_main!(benches);

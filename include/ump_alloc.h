@@ -18,6 +18,16 @@
 // Version of `ump_identity`.
 #define UMP_IDENTITY_VERSION 1
 
+// `ump_scope_begin_ex` flag: at the end, report live blocks but leave them allocated (for
+// callers whose blocks are owned elsewhere, such as Python arrays).
+#define UMP_SCOPE_KEEP_LIVE 1
+
+// Version of `ump_scope_report`.
+#define UMP_SCOPE_REPORT_VERSION 1
+
+// Version of `ump_stats`.
+#define UMP_STATS_VERSION 1
+
 // Where memory comes from. The same mode governs every entry point (NumPy, CuPy, PyTorch).
 enum ump_mode {
   // Not decided yet (no allocation and no `ump_init` so far).
@@ -150,6 +160,90 @@ struct ump_identity {
   size_t block_size;
 };
 
+// Byte and operation counts of one part of the allocator (see `ump_stats`).
+struct ump_usage {
+  // Bytes handed out now, as requested.
+  uint64_t in_use;
+  // Most bytes handed out at once since start or `ump_reset_peak()`.
+  uint64_t in_use_peak;
+  // Bytes obtained from the OS or the driver now (handed out, cached, and rounding).
+  uint64_t mapped;
+  // Most bytes mapped at once since start or `ump_reset_peak()`.
+  uint64_t mapped_peak;
+  // Free bytes held in the cache, ready for reuse (returned by `ump_trim()`).
+  uint64_t cached;
+  // Allocations and frees.
+  uint64_t allocs;
+  uint64_t frees;
+  // Allocations served from the cache, and those that had to map memory.
+  uint64_t hits;
+  uint64_t misses;
+};
+
+// Counters of the whole allocator. Versioned (mimalloc's pattern): set `size` to
+// `sizeof(ump_stats)` (0 means "the current size") before calling `ump_stats`.
+//
+// Peaks of one pool side (`host`, each `devices[i]`) are exact. Where a total adds up
+// several sides (`total`, and a kind both the host side and devices use, as `managed` in
+// managed mode), its peak is the sum of their peaks: an upper bound of the true peak.
+struct ump_stats {
+  // In: bytes the caller provides (0: the current size). Out: bytes written.
+  uint32_t size;
+  // Out: `UMP_STATS_VERSION`.
+  uint32_t version;
+  // The mode in force (`UMP_MODE_UNSET` before the first allocation: all counts are 0).
+  enum ump_mode mode;
+  // Entries of `devices` that are filled (devices with a pool so far are non-zero).
+  uint32_t device_count;
+  // Everything together.
+  struct ump_usage total;
+  // The host side: NumPy and the C malloc family.
+  struct ump_usage host;
+  // What kind of memory the host side hands out.
+  enum ump_kind host_kind;
+  // What kind of memory the device side (CuPy, PyTorch) hands out.
+  enum ump_kind device_kind;
+  // Per kind, indexed by `ump_kind` (host side and all devices together).
+  struct ump_usage kinds[8];
+  // Per device: all streams of that device together.
+  struct ump_usage devices[16];
+  // Stream pools made so far (one per device and stream in use).
+  uint64_t streams;
+  // Idle chunks or blocks that moved to another stream behind a device-side event wait.
+  uint64_t stream_waits;
+  // Moves between streams that had to synchronise instead (an unusable stream handle).
+  uint64_t stream_syncs;
+  // Scopes open now (all threads).
+  uint64_t scopes_open;
+  // Errors reported so far, in total and by class (see `ump_error_count`).
+  uint64_t errors;
+  uint64_t errors_oom;
+  uint64_t errors_invalid_free;
+  uint64_t errors_double_free;
+  uint64_t errors_bad_size;
+  uint64_t errors_other;
+};
+
+// What a scope saw, filled by `ump_scope_end_ex`. Versioned like `ump_stats`.
+struct ump_scope_report {
+  // In: bytes the caller provides (0: the current size). Out: bytes written.
+  uint32_t size;
+  // Out: `UMP_SCOPE_REPORT_VERSION`.
+  uint32_t version;
+  // Blocks allocated in the scope, and their bytes.
+  uint64_t allocs;
+  uint64_t alloc_bytes;
+  // Blocks of the scope freed before its end.
+  uint64_t frees;
+  // Most bytes of the scope live at once.
+  uint64_t peak_bytes;
+  // Blocks still live at the end, and their bytes.
+  uint64_t live_blocks;
+  uint64_t live_bytes;
+  // The live blocks were freed at the end (false for `UMP_SCOPE_KEEP_LIVE`).
+  bool freed;
+};
+
 
 
 
@@ -159,12 +253,14 @@ extern "C" {
 #endif // __cplusplus
 
 // Allocate `size` bytes for CuPy on device `device_id`, from the memory the mode selects
-// (managed, registered, system or device). `param` is CuPy's opaque parameter and is not
-// used. Returns NULL with a message in `ump_last_error()` on failure, never aborts.
+// (managed, registered, system or device), for use on the stream whose handle is `param`
+// (`cudaStream_t`; NULL: the legacy default stream). Returns NULL with a message in
+// `ump_last_error()` on failure, never aborts.
 void *ump_cupy_malloc(void *param, size_t size, int device_id);
 
-// Free a block from `ump_cupy_malloc`. `param` and `device_id` come from CuPy; NULL is a
-// no-op; a foreign pointer or a double free is ignored and counted.
+// Free a block from `ump_cupy_malloc`; `param` is the stream it was last used on (the
+// allocator's `param`, as CuPy passes it). NULL is a no-op; a foreign pointer or a double
+// free is ignored and counted.
 void ump_cupy_free(void *param, void *ptr, int device_id);
 
 // Allocate `size` bytes aligned to the configured alignment (512 by default). `size == 0`
@@ -266,6 +362,57 @@ int ump_host_access(const void *ptr, size_t size, void *stream);
 // call are seen by kernels queued after it. Returns `UMP_OK`; `UMP_ERR_INVALID` for memory
 // the device cannot reach on this machine; `UMP_ERR_UNSUPPORTED` without a GPU.
 int ump_device_access(const void *ptr, size_t size, int device, void *stream);
+
+// Fill `out` with the allocator's counters (see `ump_stats`): bytes in use, mapped and
+// cached, with peaks, per kind and per device; allocation, free, cache hit and miss counts;
+// stream-ordering and error counts. Returns `UMP_OK`, or `UMP_ERR_NULL` / `UMP_ERR_INVALID`
+// (a `size` below 8).
+//
+// # Safety
+// `out` is NULL or points to a writable `ump_stats` whose `size` field is set.
+int ump_stats(struct ump_stats *out);
+
+// Reset every peak in `ump_stats` to the current value (PyTorch's
+// `reset_peak_memory_stats`). Returns `UMP_OK`.
+int ump_reset_peak(void);
+
+// Tell ump-alloc that `stream` (a `cudaStream_t`) of `device` (-1: every device) is about to
+// be destroyed. Call it before `cudaStreamDestroy` for any stream blocks were allocated on
+// (`ump_alloc`'s CuPy integration does this for CuPy streams): ump-alloc records one last
+// event on it and never uses the handle again, so blocks freed later stay stream-ordered and
+// a new stream that gets the same handle starts afresh. Returns `UMP_OK` (also when ump-alloc
+// never saw the stream); `UMP_ERR_INVALID` for an unknown device.
+int ump_stream_retire(int device, void *stream);
+
+// Open a scope on the calling thread: every block this thread allocates from now on (with
+// any `ump_*` allocation function) belongs to it until it is freed, kept with
+// `ump_scope_keep`, or the scope ends. Scopes nest. Returns `UMP_OK`.
+int ump_scope_begin(void);
+
+// `ump_scope_begin` with flags (0 or `UMP_SCOPE_KEEP_LIVE`). Returns `UMP_OK`, or
+// `UMP_ERR_INVALID` for an unknown flag.
+int ump_scope_begin_ex(uint32_t flags);
+
+// End the calling thread's innermost scope: every block of it still live goes back to the
+// cache (device blocks to their stream's pool, so reuse stays stream-ordered); their
+// pointers are then dangling and must not be freed again. Returns `UMP_OK`, or
+// `UMP_ERR_INVALID` when no scope is open on this thread.
+int ump_scope_end(void);
+
+// `ump_scope_end`, filling `out` with what the scope saw. Returns `UMP_OK`; `UMP_ERR_NULL`
+// (the scope stays open); `UMP_ERR_INVALID`.
+//
+// # Safety
+// `out` is NULL or points to a writable `ump_scope_report` whose `size` field is set.
+int ump_scope_end_ex(struct ump_scope_report *out);
+
+// Take the live block at `ptr` out of its scope, so that the scope's end leaves it
+// allocated (GPUArrays.jl's `@uncached`). Returns `UMP_OK`; `UMP_ERR_NULL`;
+// `UMP_ERR_NOT_OURS` when no open scope holds `ptr`.
+int ump_scope_keep(const void *ptr);
+
+// Scopes open on the calling thread.
+int ump_scope_depth(void);
 
 // Allocate `size` bytes for PyTorch on `device`, to be used on `stream` (a `cudaStream_t`;
 // NULL is the legacy default stream). Returns NULL with a message in `ump_last_error()` on

@@ -144,3 +144,37 @@ def test_asnumpy_paths(mode):
 @pytest.mark.parametrize("mode", SHARED or ["managed"])
 def test_asarray_paths(mode):
     check("asarray_paths", mode)
+
+
+# ---- issue 5 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_stream_reuse_cupy(mode):
+    check("stream_reuse_cupy", mode)
+
+
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_stream_reuse_torch(mode):
+    check("stream_reuse_torch", mode)
+
+
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_stats_and_peaks_torch(mode):
+    check("stats_and_peaks_torch", mode)
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_scope_loop_is_flat(mode):
+    check("scope_loop_is_flat", mode)
+
+
+def test_headroom_keeps_device_memory_free():
+    import ump_alloc
+
+    if "managed" not in supported_modes():
+        pytest.skip("needs managed memory")
+    total = ump_alloc.capabilities()["devices"][0]["total_memory"]
+    free = int(run_python("import cupy; print(cupy.cuda.runtime.memGetInfo()[0])").stdout.split()[-1])
+    check("headroom_keeps_device_memory_free", "managed", {"UMP_ALLOC_HEADROOM": str(max(0, free - (512 << 20)))})
+    assert total > 0

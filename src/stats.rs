@@ -1,9 +1,11 @@
-//! Statistics: counters each pool keeps (RMM's statistics adaptor, built into the pool), and
-//! the C view of them.
+//! Statistics: counters each pool keeps (RMM's statistics adaptor, built into the pool), the
+//! device-side totals per kind, and the C view of them (`ump_stats`).
 
+use crate::backing::Kind;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Counters of one pool. All relaxed: they are statistics, not synchronisation.
+/// Counters of one pool, or of all stream pools of one device. All relaxed: they are
+/// statistics, not synchronisation.
 #[derive(Default)]
 pub struct PoolStats {
     /// Requested bytes currently handed out.
@@ -19,18 +21,73 @@ pub struct PoolStats {
     pub hits: AtomicU64,
     /// Allocations that had to call the backing.
     pub misses: AtomicU64,
+    /// Byte counters are added here too (the device-side total of a kind).
+    parent: Option<&'static PoolStats>,
+}
+
+macro_rules! zero_stats {
+    () => {
+        PoolStats {
+            in_use: AtomicUsize::new(0),
+            in_use_peak: AtomicUsize::new(0),
+            mapped: AtomicUsize::new(0),
+            mapped_peak: AtomicUsize::new(0),
+            allocs: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            parent: None,
+        }
+    };
+}
+
+/// Device-side byte totals per kind (all devices together), indexed by `ump_kind`.
+static DEVICE_SIDE: [PoolStats; 8] = [
+    zero_stats!(),
+    zero_stats!(),
+    zero_stats!(),
+    zero_stats!(),
+    zero_stats!(),
+    zero_stats!(),
+    zero_stats!(),
+    zero_stats!(),
+];
+
+/// The device-side total of `kind`.
+pub fn device_side(kind: Kind) -> &'static PoolStats {
+    &DEVICE_SIDE[kind as usize]
+}
+
+fn peak_add(now: &AtomicUsize, peak: &AtomicUsize, n: usize) {
+    let v = now.fetch_add(n, Ordering::Relaxed) + n;
+    if v > peak.load(Ordering::Relaxed) {
+        peak.fetch_max(v, Ordering::Relaxed);
+    }
 }
 
 impl PoolStats {
-    pub fn add_in_use(&self, n: usize) {
-        let now = self.in_use.fetch_add(n, Ordering::Relaxed) + n;
-        if now > self.in_use_peak.load(Ordering::Relaxed) {
-            self.in_use_peak.fetch_max(now, Ordering::Relaxed);
+    /// Counters whose byte counts also go to `parent`.
+    pub fn with_parent(parent: &'static PoolStats) -> Self {
+        PoolStats {
+            parent: Some(parent),
+            ..PoolStats::default()
         }
     }
 
+    #[inline]
+    pub fn add_in_use(&self, n: usize) {
+        peak_add(&self.in_use, &self.in_use_peak, n);
+        if let Some(p) = self.parent {
+            p.add_in_use(n);
+        }
+    }
+
+    #[inline]
     pub fn sub_in_use(&self, n: usize) {
         self.in_use.fetch_sub(n, Ordering::Relaxed);
+        if let Some(p) = self.parent {
+            p.sub_in_use(n);
+        }
     }
 
     pub fn on_resize(&self, old: usize, new: usize) {
@@ -42,12 +99,17 @@ impl PoolStats {
     }
 
     pub fn on_map(&self, n: usize) {
-        let now = self.mapped.fetch_add(n, Ordering::Relaxed) + n;
-        self.mapped_peak.fetch_max(now, Ordering::Relaxed);
+        peak_add(&self.mapped, &self.mapped_peak, n);
+        if let Some(p) = self.parent {
+            p.on_map(n);
+        }
     }
 
     pub fn on_unmap(&self, n: usize) {
         self.mapped.fetch_sub(n, Ordering::Relaxed);
+        if let Some(p) = self.parent {
+            p.on_unmap(n);
+        }
     }
 
     /// Reset the peaks to the current values.
@@ -57,4 +119,216 @@ impl PoolStats {
         self.mapped_peak
             .store(self.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
     }
+
+    /// A snapshot in the C layout (`cached` is filled by the caller).
+    pub fn usage(&self) -> ump_usage {
+        let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as u64;
+        let h = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ump_usage {
+            in_use: g(&self.in_use),
+            in_use_peak: g(&self.in_use_peak),
+            mapped: g(&self.mapped),
+            mapped_peak: g(&self.mapped_peak),
+            cached: 0,
+            allocs: h(&self.allocs),
+            frees: h(&self.frees),
+            hits: h(&self.hits),
+            misses: h(&self.misses),
+        }
+    }
 }
+
+/// Reset the peaks of the device-side totals.
+pub fn reset_device_side_peaks() {
+    for s in &DEVICE_SIDE {
+        s.reset_peak();
+    }
+}
+
+/// Byte and operation counts of one part of the allocator (see `ump_stats`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub struct ump_usage {
+    /// Bytes handed out now, as requested.
+    pub in_use: u64,
+    /// Most bytes handed out at once since start or `ump_reset_peak()`.
+    pub in_use_peak: u64,
+    /// Bytes obtained from the OS or the driver now (handed out, cached, and rounding).
+    pub mapped: u64,
+    /// Most bytes mapped at once since start or `ump_reset_peak()`.
+    pub mapped_peak: u64,
+    /// Free bytes held in the cache, ready for reuse (returned by `ump_trim()`).
+    pub cached: u64,
+    /// Allocations and frees.
+    pub allocs: u64,
+    pub frees: u64,
+    /// Allocations served from the cache, and those that had to map memory.
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl ump_usage {
+    /// Add `o` to `self`. Peaks add too: the sum of peaks bounds the peak of the sum.
+    pub fn add(&mut self, o: &ump_usage) {
+        self.in_use += o.in_use;
+        self.in_use_peak += o.in_use_peak;
+        self.mapped += o.mapped;
+        self.mapped_peak += o.mapped_peak;
+        self.cached += o.cached;
+        self.allocs += o.allocs;
+        self.frees += o.frees;
+        self.hits += o.hits;
+        self.misses += o.misses;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents_see_byte_counts_and_peaks_reset() {
+        static PARENT: PoolStats = zero_stats!();
+        let s = PoolStats::with_parent(&PARENT);
+        s.add_in_use(100);
+        s.add_in_use(50);
+        s.sub_in_use(120);
+        s.on_map(4096);
+        let u = s.usage();
+        assert_eq!((u.in_use, u.in_use_peak, u.mapped), (30, 150, 4096));
+        assert_eq!(PARENT.usage().in_use_peak, 150);
+        s.reset_peak();
+        assert_eq!(s.usage().in_use_peak, 30);
+        s.on_unmap(4096);
+        assert_eq!(PARENT.usage().mapped, 0);
+    }
+}
+
+/// Version of `ump_stats`.
+pub const UMP_STATS_VERSION: u32 = 1;
+/// Most devices `ump_stats` reports on (`UMP_MAX_DEVICES`; the struct spells out 16 so that
+/// the header does too).
+const STATS_DEVICES: usize = 16;
+/// Entries of `ump_stats.kinds` (one per `ump_kind` value; spelled out as 8 likewise).
+const STATS_KINDS: usize = 8;
+
+/// Counters of the whole allocator. Versioned (mimalloc's pattern): set `size` to
+/// `sizeof(ump_stats)` (0 means "the current size") before calling `ump_stats`.
+///
+/// Peaks of one pool side (`host`, each `devices[i]`) are exact. Where a total adds up
+/// several sides (`total`, and a kind both the host side and devices use, as `managed` in
+/// managed mode), its peak is the sum of their peaks: an upper bound of the true peak.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+#[allow(non_camel_case_types)]
+pub struct ump_stats {
+    /// In: bytes the caller provides (0: the current size). Out: bytes written.
+    pub size: u32,
+    /// Out: `UMP_STATS_VERSION`.
+    pub version: u32,
+    /// The mode in force (`UMP_MODE_UNSET` before the first allocation: all counts are 0).
+    pub mode: crate::mode::ump_mode,
+    /// Entries of `devices` that are filled (devices with a pool so far are non-zero).
+    pub device_count: u32,
+    /// Everything together.
+    pub total: ump_usage,
+    /// The host side: NumPy and the C malloc family.
+    pub host: ump_usage,
+    /// What kind of memory the host side hands out.
+    pub host_kind: crate::backing::ump_kind,
+    /// What kind of memory the device side (CuPy, PyTorch) hands out.
+    pub device_kind: crate::backing::ump_kind,
+    /// Per kind, indexed by `ump_kind` (host side and all devices together).
+    pub kinds: [ump_usage; 8],
+    /// Per device: all streams of that device together.
+    pub devices: [ump_usage; 16],
+    /// Stream pools made so far (one per device and stream in use).
+    pub streams: u64,
+    /// Idle chunks or blocks that moved to another stream behind a device-side event wait.
+    pub stream_waits: u64,
+    /// Moves between streams that had to synchronise instead (an unusable stream handle).
+    pub stream_syncs: u64,
+    /// Scopes open now (all threads).
+    pub scopes_open: u64,
+    /// Errors reported so far, in total and by class (see `ump_error_count`).
+    pub errors: u64,
+    pub errors_oom: u64,
+    pub errors_invalid_free: u64,
+    pub errors_double_free: u64,
+    pub errors_bad_size: u64,
+    pub errors_other: u64,
+}
+
+/// Collect the counters of every pool.
+pub fn collect() -> ump_stats {
+    use crate::error::ERRORS;
+    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut s = ump_stats {
+        size: 0,
+        version: UMP_STATS_VERSION,
+        mode: crate::mode::ump_mode::UMP_MODE_UNSET,
+        device_count: 0,
+        total: ump_usage::default(),
+        host: ump_usage::default(),
+        host_kind: Kind::UMP_KIND_UNKNOWN,
+        device_kind: Kind::UMP_KIND_UNKNOWN,
+        kinds: [ump_usage::default(); STATS_KINDS],
+        devices: [ump_usage::default(); STATS_DEVICES],
+        streams: 0,
+        stream_waits: 0,
+        stream_syncs: 0,
+        scopes_open: crate::scope::open_count() as u64,
+        errors: c(&ERRORS.total),
+        errors_oom: c(&ERRORS.oom),
+        errors_invalid_free: c(&ERRORS.invalid_free),
+        errors_double_free: c(&ERRORS.double_free),
+        errors_bad_size: c(&ERRORS.bad_size),
+        errors_other: c(&ERRORS.other),
+    };
+    let Some(a) = crate::allocator::get() else {
+        return s;
+    };
+    crate::pool::flush_thread_counts();
+    s.mode = a.mode.to_c();
+    let host = a.host_pool();
+    s.host = host.stats.usage();
+    s.host.cached = host.cached_bytes() as u64;
+    s.host_kind = host.kind();
+    s.kinds[host.kind() as usize].add(&s.host);
+    s.total.add(&s.host);
+    for g in a.device_groups() {
+        let pools = g.pools();
+        let Some(first) = pools.first() else { continue };
+        let mut u = g.stats.usage();
+        u.cached = g.cached_bytes() as u64;
+        s.device_kind = first.kind();
+        s.kinds[first.kind() as usize].add(&u);
+        s.total.add(&u);
+        s.streams += pools.len() as u64;
+        s.stream_waits += g.waits.load(Ordering::Relaxed);
+        s.stream_syncs += g.syncs.load(Ordering::Relaxed);
+        if let Ok(i) = usize::try_from(g.device())
+            && i < STATS_DEVICES
+        {
+            s.devices[i] = u;
+            s.device_count = s.device_count.max(i as u32 + 1);
+        }
+    }
+    s
+}
+
+/// Reset every peak to the current value.
+pub fn reset_peaks() {
+    let Some(a) = crate::allocator::get() else {
+        return;
+    };
+    a.host_pool().stats.reset_peak();
+    for g in a.device_groups() {
+        g.stats.reset_peak();
+    }
+    reset_device_side_peaks();
+}
+
+const _: () = assert!(STATS_DEVICES == crate::ffi::query::UMP_MAX_DEVICES);
+const _: () = assert!(STATS_KINDS == Kind::UMP_KIND_FOREIGN_HOST as usize + 1);

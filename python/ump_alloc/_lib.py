@@ -108,6 +108,68 @@ class Identity(Structure):
     ]
 
 
+USAGE_FIELDS = (
+    "in_use",
+    "in_use_peak",
+    "mapped",
+    "mapped_peak",
+    "cached",
+    "allocs",
+    "frees",
+    "hits",
+    "misses",
+)
+
+
+class Usage(Structure):
+    _fields_ = [(name, c_uint64) for name in USAGE_FIELDS]
+
+    def as_dict(self) -> dict:
+        return {name: int(getattr(self, name)) for name in USAGE_FIELDS}
+
+
+class Stats(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("mode", c_int),
+        ("device_count", c_uint32),
+        ("total", Usage),
+        ("host", Usage),
+        ("host_kind", c_int),
+        ("device_kind", c_int),
+        ("kinds", Usage * 8),
+        ("devices", Usage * MAX_DEVICES),
+        ("streams", c_uint64),
+        ("stream_waits", c_uint64),
+        ("stream_syncs", c_uint64),
+        ("scopes_open", c_uint64),
+        ("errors", c_uint64),
+        ("errors_oom", c_uint64),
+        ("errors_invalid_free", c_uint64),
+        ("errors_double_free", c_uint64),
+        ("errors_bad_size", c_uint64),
+        ("errors_other", c_uint64),
+    ]
+
+
+SCOPE_KEEP_LIVE = 1
+
+
+class ScopeReport(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("allocs", c_uint64),
+        ("alloc_bytes", c_uint64),
+        ("frees", c_uint64),
+        ("peak_bytes", c_uint64),
+        ("live_blocks", c_uint64),
+        ("live_bytes", c_uint64),
+        ("freed", c_bool),
+    ]
+
+
 # name: (restype, argtypes)
 SIGNATURES = {
     "ump_malloc": (c_void_p, [c_size_t]),
@@ -132,7 +194,16 @@ SIGNATURES = {
     "ump_identify": (c_int, [c_void_p, POINTER(Identity)]),
     "ump_host_access": (c_int, [c_void_p, c_size_t, c_void_p]),
     "ump_device_access": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
-    "ump_config_var": (c_int, [c_size_t, POINTER(c_char_p), POINTER(c_char_p), POINTER(c_char_p)]),
+        "ump_config_var": (c_int, [c_size_t, POINTER(c_char_p), POINTER(c_char_p), POINTER(c_char_p)]),
+    "ump_stats": (c_int, [POINTER(Stats)]),
+    "ump_reset_peak": (c_int, []),
+    "ump_scope_begin": (c_int, []),
+    "ump_scope_begin_ex": (c_int, [c_uint32]),
+    "ump_scope_end": (c_int, []),
+    "ump_scope_end_ex": (c_int, [POINTER(ScopeReport)]),
+    "ump_scope_keep": (c_int, [c_void_p]),
+        "ump_scope_depth": (c_int, []),
+    "ump_stream_retire": (c_int, [c_int, c_void_p]),
 }
 
 

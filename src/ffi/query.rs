@@ -112,7 +112,7 @@ fn copy_cstr(dst: &mut [c_char], s: &str) {
 /// # Safety
 /// `out` points to at least `size` writable bytes (or `size_of::<T>()` when `size` is 0), and
 /// `T` starts with `size: u32, version: u32`.
-unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate::error::Result<()> {
+pub(crate) unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate::error::Result<()> {
     // SAFETY: the caller guarantees `out` is readable for its first u32.
     let want = unsafe { out.cast::<u32>().read_unaligned() } as usize;
     let full = std::mem::size_of::<T>();
@@ -399,6 +399,63 @@ pub extern "C" fn ump_device_access(
 ) -> c_int {
     status("ump_device_access", || {
         crate::access::device_access(ptr as usize, size, device, stream as usize)
+    })
+}
+
+/// Fill `out` with the allocator's counters (see `ump_stats`): bytes in use, mapped and
+/// cached, with peaks, per kind and per device; allocation, free, cache hit and miss counts;
+/// stream-ordering and error counts. Returns `UMP_OK`, or `UMP_ERR_NULL` / `UMP_ERR_INVALID`
+/// (a `size` below 8).
+///
+/// # Safety
+/// `out` is NULL or points to a writable `ump_stats` whose `size` field is set.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_stats(out: *mut crate::stats::ump_stats) -> c_int {
+    status("ump_stats", || {
+        if out.is_null() {
+            return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
+        }
+        let s = crate::stats::collect();
+        // SAFETY: `out` is non-NULL and, per the contract, holds `size` writable bytes.
+        unsafe { write_versioned(out, s) }
+    })
+}
+
+/// Reset every peak in `ump_stats` to the current value (PyTorch's
+/// `reset_peak_memory_stats`). Returns `UMP_OK`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_reset_peak() -> c_int {
+    status("ump_reset_peak", || {
+        crate::stats::reset_peaks();
+        Ok(())
+    })
+}
+
+/// Tell ump-alloc that `stream` (a `cudaStream_t`) of `device` (-1: every device) is about to
+/// be destroyed. Call it before `cudaStreamDestroy` for any stream blocks were allocated on
+/// (`ump_alloc`'s CuPy integration does this for CuPy streams): ump-alloc records one last
+/// event on it and never uses the handle again, so blocks freed later stay stream-ordered and
+/// a new stream that gets the same handle starts afresh. Returns `UMP_OK` (also when ump-alloc
+/// never saw the stream); `UMP_ERR_INVALID` for an unknown device.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_stream_retire(device: c_int, stream: *mut c_void) -> c_int {
+    status("ump_stream_retire", || {
+        let Some(a) = allocator::get() else {
+            return Ok(());
+        };
+        if device < 0 {
+            for g in a.device_groups() {
+                g.retire(stream as usize);
+            }
+            return Ok(());
+        }
+        if usize::try_from(device).map_or(true, |d| d >= a.caps.devices.len()) {
+            return Err(Error::invalid(format!("no CUDA device {device}")));
+        }
+        if let Some(g) = a.device_groups().into_iter().find(|g| g.device() == device) {
+            g.retire(stream as usize);
+        }
+        Ok(())
     })
 }
 

@@ -1559,6 +1559,149 @@ static void test_bad_config(void) {
 
 /* ---- main ----------------------------------------------------------------------------- */
 
+static void stats_now(struct ump_stats *st) {
+    memset(st, 0xAB, sizeof *st); /* poison: every field must be written */
+    st->size = sizeof *st;
+    CHECK(ump_stats(st) == UMP_OK, "ump_stats failed: %s", last_err_or("?"));
+    CHECK(st->size == sizeof *st && st->version == UMP_STATS_VERSION,
+          "ump_stats: size %u version %u", st->size, st->version);
+}
+
+/* 5 (issue 5): statistics, scopes. */
+static void test_stats_and_scopes(void) {
+    struct ump_stats a, b;
+    CHECK(ump_stats(NULL) == UMP_ERR_NULL, "ump_stats(NULL) must be UMP_ERR_NULL");
+    struct ump_stats tiny;
+    memset(&tiny, 0x5A, sizeof tiny);
+    tiny.size = 4;
+    CHECK(ump_stats(&tiny) == UMP_ERR_INVALID && tiny.size == 4 && tiny.version == 0x5A5A5A5Au,
+          "ump_stats with size 4 must fail and write nothing");
+    /* An old caller that knows only the first 40 bytes gets exactly those. */
+    unsigned char part[sizeof(struct ump_stats)];
+    memset(part, 0xCD, sizeof part);
+    uint32_t want = 40;
+    memcpy(part, &want, 4);
+    CHECK(ump_stats((struct ump_stats *)part) == UMP_OK && part[40] == 0xCD && part[39] != 0xCD - 1,
+          "ump_stats wrote past the caller's size");
+
+    stats_now(&a);
+    CHECK(a.mode != UMP_MODE_UNSET && a.host_kind != UMP_KIND_UNKNOWN, "stats: mode %d host kind %d",
+          (int)a.mode, (int)a.host_kind);
+    void *p = ump_malloc(3 * MiB + 5);
+    void *q = ump_malloc(100);
+    CHECK(p != NULL && q != NULL, "malloc for stats");
+    stats_now(&b);
+    CHECK(b.host.in_use == a.host.in_use + 3 * MiB + 5 + 100,
+          "stats: in_use %" PRIu64 " -> %" PRIu64 " after 3 MiB + 105 bytes", a.host.in_use,
+          b.host.in_use);
+    CHECK(b.host.in_use_peak >= b.host.in_use && b.host.mapped >= b.host.in_use &&
+              b.host.mapped_peak >= b.host.mapped,
+          "stats: peaks below current values");
+    CHECK(b.host.allocs >= a.host.allocs + 2, "stats: allocs %" PRIu64 " -> %" PRIu64,
+          a.host.allocs, b.host.allocs);
+    CHECK(b.total.in_use >= b.host.in_use && b.kinds[b.host_kind].in_use >= b.host.in_use,
+          "stats: total/kind below the host side");
+    ump_free(p, 3 * MiB + 5);
+    ump_free(q, 100);
+    stats_now(&a);
+    CHECK(a.host.in_use == b.host.in_use - 3 * MiB - 105 && a.host.in_use_peak >= b.host.in_use,
+          "stats after free: in_use %" PRIu64 " peak %" PRIu64, a.host.in_use, a.host.in_use_peak);
+    CHECK(a.host.cached >= 3 * MiB, "stats: freed 3 MiB is not reported cached (%" PRIu64 ")",
+          a.host.cached);
+    CHECK(ump_reset_peak() == UMP_OK, "ump_reset_peak");
+    stats_now(&b);
+    CHECK(b.host.in_use_peak == b.host.in_use, "reset_peak: peak %" PRIu64 " != in_use %" PRIu64,
+          b.host.in_use_peak, b.host.in_use);
+    uint64_t e0 = b.errors;
+    ump_free((void *)0x10, 1); /* not ours: counted */
+    stats_now(&a);
+    CHECK(a.errors == e0 + 1 && a.errors_invalid_free >= 1, "stats: errors %" PRIu64 " -> %" PRIu64,
+          e0, a.errors);
+    ump_clear_error();
+
+    /* Scopes: unbalanced end, NULL, bad flags. */
+    CHECK(ump_scope_depth() == 0, "scope depth at start");
+    CHECK(ump_scope_end() == UMP_ERR_INVALID && last_err_contains("no scope"),
+          "ump_scope_end without a scope: %s", last_err_or("?"));
+    CHECK(ump_scope_begin_ex(0x80) == UMP_ERR_INVALID, "unknown scope flag accepted");
+    CHECK(ump_scope_keep(NULL) == UMP_ERR_NULL, "ump_scope_keep(NULL)");
+    ump_clear_error();
+
+    /* 1000 iterations that never free: flat memory because the scope does. */
+    stats_now(&a);
+    uint64_t mapped_after_warmup = 0;
+    void *kept = NULL;
+    for (int it = 0; it < 1000; it++) {
+        CHECK(ump_scope_begin() == UMP_OK, "ump_scope_begin");
+        for (int k = 0; k < 6; k++) {
+            void *x = ump_malloc(1000 + (size_t)k * 40000 + (size_t)(it % 13));
+            CHECK(x != NULL, "malloc in scope");
+            if (x) fill_pattern(x, 1000, (uint64_t)it * 7 + (uint64_t)k);
+        }
+        void *big = ump_calloc(5 * MiB, 1);
+        CHECK(big != NULL, "calloc in scope");
+        void *r = ump_realloc(ump_malloc(64), 300000);
+        CHECK(r != NULL, "realloc in scope");
+        if (it == 500) {
+            kept = ump_malloc(777);
+            CHECK(ump_scope_keep(kept) == UMP_OK, "ump_scope_keep");
+        }
+        if (it % 100 == 0) { /* a nested scope that is ended first */
+            CHECK(ump_scope_begin() == UMP_OK && ump_scope_depth() == 2, "nested scope");
+            void *n = ump_malloc(12345);
+            struct ump_scope_report rep = {.size = sizeof rep};
+            CHECK(ump_scope_end_ex(&rep) == UMP_OK && rep.allocs == 1 && rep.live_blocks == 1 &&
+                      rep.live_bytes == 12345 && rep.freed,
+                  "nested scope report: allocs %" PRIu64 " live %" PRIu64, rep.allocs,
+                  rep.live_blocks);
+            struct ump_identity nid;
+            CHECK(identify(n, &nid) == UMP_OK && !nid.ours, "block of an ended scope still live");
+        }
+        struct ump_scope_report rep;
+        memset(&rep, 0xEE, sizeof rep);
+        rep.size = sizeof rep;
+        CHECK(ump_scope_end_ex(&rep) == UMP_OK, "ump_scope_end_ex: %s", last_err_or("?"));
+        /* malloc(64) then realloc: one block of the scope, moved. */
+        CHECK(rep.allocs == 8 + (it == 500) && rep.live_blocks == 8 && rep.frees == 0 && rep.freed,
+              "scope report it %d: allocs %" PRIu64 " live %" PRIu64 " frees %" PRIu64, it,
+              rep.allocs, rep.live_blocks, rep.frees);
+        if (it == 10) {
+            struct ump_stats s;
+            stats_now(&s);
+            mapped_after_warmup = s.host.mapped;
+        }
+    }
+    stats_now(&b);
+    CHECK(b.host.in_use == a.host.in_use + 777,
+          "scope loop leaked: in_use %" PRIu64 " -> %" PRIu64, a.host.in_use, b.host.in_use);
+    CHECK(b.host.mapped == mapped_after_warmup,
+          "scope loop: mapped grew from %" PRIu64 " to %" PRIu64, mapped_after_warmup, b.host.mapped);
+    CHECK(b.scopes_open == 0 && ump_scope_depth() == 0, "scopes left open");
+    struct ump_identity kid;
+    CHECK(identify(kept, &kid) == UMP_OK && kid.ours && kid.block_size == 777,
+          "a kept block must survive its scope");
+    ump_free(kept, 777);
+
+    /* Keep-live scopes report but never free; a block freed on another path leaves its scope. */
+    CHECK(ump_scope_begin_ex(UMP_SCOPE_KEEP_LIVE) == UMP_OK, "keep-live scope");
+    void *l1 = ump_malloc(4096), *l2 = ump_malloc(50);
+    ump_free(l2, 50);
+    struct ump_scope_report rep = {.size = sizeof rep};
+    uint64_t e1 = ump_error_count();
+    CHECK(ump_scope_end_ex(NULL) == UMP_ERR_NULL && ump_scope_depth() == 1,
+          "ump_scope_end_ex(NULL) must fail and keep the scope open");
+    CHECK(ump_scope_end_ex(&rep) == UMP_OK && !rep.freed && rep.live_blocks == 1 &&
+              rep.live_bytes == 4096 && rep.frees == 1,
+          "keep-live report: live %" PRIu64 " frees %" PRIu64, rep.live_blocks, rep.frees);
+    struct ump_identity lid;
+    CHECK(identify(l1, &lid) == UMP_OK && lid.ours, "keep-live scope freed a block");
+    ump_free(l1, 4096);
+    CHECK(ump_error_count() == e1 + 1, "scope tests counted %" PRIu64 " unexpected errors: %s",
+          ump_error_count() - e1 - 1, last_err_or("(none)"));
+    CHECK(a.errors == e1, "the scope loop counted %" PRIu64 " errors", e1 - a.errors);
+    ump_clear_error();
+}
+
 int main(int argc, char **argv) {
     int bad_config = 0, i;
     for (i = 1; i < argc; i++) {
@@ -1587,6 +1730,7 @@ int main(int argc, char **argv) {
         test_free_errors();     /* 4 */
         test_identify();        /* 5 */
         test_config_var();
+        test_stats_and_scopes();
         test_gpu_entry_points(); /* 8 */
         test_threads();         /* 9 */
     }
