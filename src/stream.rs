@@ -244,16 +244,7 @@ impl StreamPools {
             return;
         }
         match cuda::Event::record(stream, self.device) {
-            Ok(ev) => {
-                if ev.wait_on(pool.stream()).is_ok() {
-                    self.waits.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                self.syncs.fetch_add(1, Ordering::Relaxed);
-                if ev.wait().is_err() {
-                    let _ = cuda::device_synchronize(self.device);
-                }
-            }
+            Ok(ev) => self.order_after(&ev, pool.stream()),
             Err(_) => {
                 self.syncs.fetch_add(1, Ordering::Relaxed);
                 let _ = cuda::device_synchronize(self.device);
