@@ -45,6 +45,20 @@ struct Table {
 
 static TABLE: Mutex<Option<Table>> = Mutex::new(None);
 
+/// Take live block `ptr` out of its scope: the scope's id and record, with the block's bytes
+/// already taken off its live count. None when no open scope holds it.
+fn detach<'a>(
+    owner: &mut HashMap<usize, u64>,
+    scopes: &'a mut HashMap<u64, Record>,
+    ptr: usize,
+) -> Option<(u64, &'a mut Record)> {
+    let id = owner.remove(&ptr)?;
+    let rec = scopes.get_mut(&id)?;
+    let n = rec.live.remove(&ptr)?;
+    rec.live_bytes -= n;
+    Some((id, rec))
+}
+
 fn with_table<R>(f: impl FnOnce(&mut Table) -> R) -> R {
     let mut g = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     let r = f(g.get_or_insert_with(Table::default));
@@ -170,17 +184,7 @@ pub fn open_count() -> usize {
 /// Take live block `ptr` out of its scope, so the scope's end leaves it alone.
 pub fn keep(ptr: usize) -> Result<()> {
     let found = OPEN.load(Ordering::Relaxed) != 0
-        && with_table(|t| {
-            let Some(id) = t.owner.remove(&ptr) else {
-                return false;
-            };
-            if let Some(rec) = t.scopes.get_mut(&id)
-                && let Some(n) = rec.live.remove(&ptr)
-            {
-                rec.live_bytes -= n;
-            }
-            true
-        });
+        && with_table(|t| detach(&mut t.owner, &mut t.scopes, ptr).is_some());
     if found {
         Ok(())
     } else {
@@ -231,13 +235,7 @@ pub fn on_free(ptr: usize) {
 #[cold]
 fn on_free_slow(ptr: usize) {
     with_table(|t| {
-        let Some(id) = t.owner.remove(&ptr) else {
-            return;
-        };
-        if let Some(rec) = t.scopes.get_mut(&id)
-            && let Some(n) = rec.live.remove(&ptr)
-        {
-            rec.live_bytes -= n;
+        if let Some((_, rec)) = detach(&mut t.owner, &mut t.scopes, ptr) {
             rec.frees += 1;
         }
     });
@@ -249,13 +247,8 @@ pub fn on_move(old: usize, new: usize, n: usize) {
         return;
     }
     with_table(|t| {
-        let Some(id) = t.owner.remove(&old) else {
-            return;
-        };
-        if let Some(rec) = t.scopes.get_mut(&id)
-            && let Some(m) = rec.live.remove(&old)
-        {
-            rec.live_bytes = rec.live_bytes - m + n;
+        if let Some((id, rec)) = detach(&mut t.owner, &mut t.scopes, old) {
+            rec.live_bytes += n;
             rec.peak_bytes = rec.peak_bytes.max(rec.live_bytes);
             rec.live.insert(new, n);
             t.owner.insert(new, id);

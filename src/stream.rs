@@ -141,13 +141,11 @@ impl StreamPools {
 
     /// The retired pool of handle `stream`, if the handle was retired and not reused since.
     fn retired_pool(&self, stream: usize) -> Option<&'static Pool> {
-        if self
-            .pools()
-            .iter()
-            .any(|p| p.stream() == stream && !p.is_retired())
-        {
-            return None;
+        let live = self.pools.read().unwrap_or_else(|e| e.into_inner());
+        if live.iter().any(|p| p.stream() == stream) {
+            return None; // the handle was reused by a live stream
         }
+        drop(live);
         self.retired
             .read()
             .unwrap_or_else(|e| e.into_inner())

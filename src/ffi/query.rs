@@ -106,13 +106,12 @@ fn copy_cstr(dst: &mut [c_char], s: &str) {
     dst[n] = 0;
 }
 
-/// Write a versioned struct: honour the caller's `size` (first u32), write at most that many
-/// bytes, set `size` to the bytes written.
+/// The bytes to write into versioned struct `out`: its `size` field (0: the whole struct),
+/// at most the whole struct, at least the size and version fields.
 ///
 /// # Safety
-/// `out` points to at least `size` writable bytes (or `size_of::<T>()` when `size` is 0), and
-/// `T` starts with `size: u32, version: u32`.
-pub(crate) unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate::error::Result<()> {
+/// `out` is non-NULL and readable for its first u32.
+pub(crate) unsafe fn versioned_len<T>(out: *const T) -> crate::error::Result<usize> {
     // SAFETY: the caller guarantees `out` is readable for its first u32.
     let want = unsafe { out.cast::<u32>().read_unaligned() } as usize;
     let full = std::mem::size_of::<T>();
@@ -122,6 +121,19 @@ pub(crate) unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate:
             "size {want} is too small for this struct"
         )));
     }
+    Ok(n)
+}
+
+/// Write a versioned struct: honour the caller's `size` (first u32), write at most that many
+/// bytes, set `size` to the bytes written.
+///
+/// # Safety
+/// `out` points to at least `size` writable bytes (or `size_of::<T>()` when `size` is 0), and
+/// `T` starts with `size: u32, version: u32`.
+pub(crate) unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate::error::Result<()> {
+    // SAFETY: forwarded from the caller.
+    let n = unsafe { versioned_len(out) }?;
+    let full = std::mem::size_of::<T>();
     // SAFETY: T starts with a u32 size field.
     unsafe { (&mut val as *mut T).cast::<u32>().write(n as u32) };
     if n == full {

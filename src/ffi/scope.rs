@@ -76,13 +76,9 @@ pub unsafe extern "C" fn ump_scope_end_ex(out: *mut ump_scope_report) -> c_int {
         if out.is_null() {
             return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }
+        // Check the size before ending the scope: a failure leaves the scope open.
         // SAFETY: non-NULL; the caller provides at least the first u32.
-        let want = unsafe { out.cast::<u32>().read_unaligned() };
-        if want != 0 && want < 8 {
-            return Err(Error::invalid(format!(
-                "size {want} is too small for this struct"
-            )));
-        }
+        unsafe { super::query::versioned_len(out) }?;
         let r = scope::end()?;
         let rep = ump_scope_report {
             size: 0,
