@@ -6,12 +6,16 @@ use crate::backing::{
     Backing, DeviceBacking, HostBacking, Kind, ManagedBacking, RegisteredBacking,
 };
 use crate::config::{self, Config};
+use crate::error::ERRORS;
 use crate::error::{Error, Result, Status};
 use crate::mode::{MachineCaps, Mode, ModeRequest};
 use crate::pool::{self, BlockInfo, Pool};
 use crate::prim::{cuda, os};
-use crate::stats::PoolStats;
+use crate::stats::{
+    PoolStats, STATS_DEVICES, STATS_KINDS, UMP_STATS_VERSION, ump_stats, ump_usage,
+};
 use crate::stream::StreamPools;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// The fixed state after initialisation.
@@ -229,6 +233,12 @@ impl Allocator {
         Ok(*slot.get_or_init(|| g))
     }
 
+    /// The stream pools of `device`, if they were made.
+    pub fn device_group(&self, device: i32) -> Option<&'static StreamPools> {
+        let slot = self.devices.get(usize::try_from(device).ok()?)?;
+        slot.get().copied()
+    }
+
     /// The device stream pools made so far.
     pub fn device_groups(&self) -> Vec<&'static StreamPools> {
         self.devices
@@ -254,6 +264,77 @@ impl Allocator {
             Kind::UMP_KIND_FOREIGN_CUDA | Kind::UMP_KIND_UNKNOWN => false,
         }
     }
+}
+
+// ---- statistics ------------------------------------------------------------------------------
+
+/// Collect the counters of every pool.
+pub fn collect_stats() -> ump_stats {
+    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut s = ump_stats {
+        size: 0,
+        version: UMP_STATS_VERSION,
+        mode: crate::mode::ump_mode::UMP_MODE_UNSET,
+        device_count: 0,
+        total: ump_usage::default(),
+        host: ump_usage::default(),
+        host_kind: Kind::UMP_KIND_UNKNOWN,
+        device_kind: Kind::UMP_KIND_UNKNOWN,
+        kinds: [ump_usage::default(); STATS_KINDS],
+        devices: [ump_usage::default(); STATS_DEVICES],
+        streams: 0,
+        stream_waits: 0,
+        stream_syncs: 0,
+        scopes_open: crate::scope::open_count() as u64,
+        errors: c(&ERRORS.total),
+        errors_oom: c(&ERRORS.oom),
+        errors_invalid_free: c(&ERRORS.invalid_free),
+        errors_double_free: c(&ERRORS.double_free),
+        errors_bad_size: c(&ERRORS.bad_size),
+        errors_other: c(&ERRORS.other),
+    };
+    let Some(a) = get() else {
+        return s;
+    };
+    crate::pool::flush_thread_counts();
+    s.mode = a.mode.to_c();
+    let host = a.host_pool();
+    s.host = host.stats.usage();
+    s.host.cached = host.cached_bytes() as u64;
+    s.host_kind = host.kind();
+    s.kinds[host.kind() as usize].add(&s.host);
+    s.total.add(&s.host);
+    for g in a.device_groups() {
+        let pools = g.pools();
+        let Some(first) = pools.first() else { continue };
+        let mut u = g.stats.usage();
+        u.cached = g.cached_bytes() as u64;
+        s.device_kind = first.kind();
+        s.kinds[first.kind() as usize].add(&u);
+        s.total.add(&u);
+        s.streams += pools.len() as u64;
+        s.stream_waits += g.waits.load(Ordering::Relaxed);
+        s.stream_syncs += g.syncs.load(Ordering::Relaxed);
+        if let Ok(i) = usize::try_from(g.device())
+            && i < STATS_DEVICES
+        {
+            s.devices[i] = u;
+            s.device_count = s.device_count.max(i as u32 + 1);
+        }
+    }
+    s
+}
+
+/// Reset every peak to the current value.
+pub fn reset_peaks() {
+    let Some(a) = get() else {
+        return;
+    };
+    a.host_pool().stats.reset_peak();
+    for g in a.device_groups() {
+        g.stats.reset_peak();
+    }
+    crate::stats::reset_device_side_peaks();
 }
 
 // ---- the host malloc family (NumPy's contract) ---------------------------------------------
@@ -352,7 +433,9 @@ pub fn device_free(ptr: usize, _device: i32, stream: usize) -> Result<()> {
         return Ok(());
     }
     let info = block_at(ptr)?;
-    if let Some(g) = info.pool.group() {
+    if info.pool.is_stream_ordered()
+        && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
+    {
         g.fence_free(info.pool, stream);
     }
     free(ptr)

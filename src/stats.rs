@@ -209,9 +209,9 @@ mod tests {
 pub const UMP_STATS_VERSION: u32 = 1;
 /// Most devices `ump_stats` reports on (`UMP_MAX_DEVICES`; the struct spells out 16 so that
 /// the header does too).
-const STATS_DEVICES: usize = 16;
+pub(crate) const STATS_DEVICES: usize = 16;
 /// Entries of `ump_stats.kinds` (one per `ump_kind` value; spelled out as 8 likewise).
-const STATS_KINDS: usize = 8;
+pub(crate) const STATS_KINDS: usize = 8;
 
 /// Counters of the whole allocator. Versioned (mimalloc's pattern): set `size` to
 /// `sizeof(ump_stats)` (0 means "the current size") before calling `ump_stats`.
@@ -258,76 +258,6 @@ pub struct ump_stats {
     pub errors_double_free: u64,
     pub errors_bad_size: u64,
     pub errors_other: u64,
-}
-
-/// Collect the counters of every pool.
-pub fn collect() -> ump_stats {
-    use crate::error::ERRORS;
-    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let mut s = ump_stats {
-        size: 0,
-        version: UMP_STATS_VERSION,
-        mode: crate::mode::ump_mode::UMP_MODE_UNSET,
-        device_count: 0,
-        total: ump_usage::default(),
-        host: ump_usage::default(),
-        host_kind: Kind::UMP_KIND_UNKNOWN,
-        device_kind: Kind::UMP_KIND_UNKNOWN,
-        kinds: [ump_usage::default(); STATS_KINDS],
-        devices: [ump_usage::default(); STATS_DEVICES],
-        streams: 0,
-        stream_waits: 0,
-        stream_syncs: 0,
-        scopes_open: crate::scope::open_count() as u64,
-        errors: c(&ERRORS.total),
-        errors_oom: c(&ERRORS.oom),
-        errors_invalid_free: c(&ERRORS.invalid_free),
-        errors_double_free: c(&ERRORS.double_free),
-        errors_bad_size: c(&ERRORS.bad_size),
-        errors_other: c(&ERRORS.other),
-    };
-    let Some(a) = crate::allocator::get() else {
-        return s;
-    };
-    crate::pool::flush_thread_counts();
-    s.mode = a.mode.to_c();
-    let host = a.host_pool();
-    s.host = host.stats.usage();
-    s.host.cached = host.cached_bytes() as u64;
-    s.host_kind = host.kind();
-    s.kinds[host.kind() as usize].add(&s.host);
-    s.total.add(&s.host);
-    for g in a.device_groups() {
-        let pools = g.pools();
-        let Some(first) = pools.first() else { continue };
-        let mut u = g.stats.usage();
-        u.cached = g.cached_bytes() as u64;
-        s.device_kind = first.kind();
-        s.kinds[first.kind() as usize].add(&u);
-        s.total.add(&u);
-        s.streams += pools.len() as u64;
-        s.stream_waits += g.waits.load(Ordering::Relaxed);
-        s.stream_syncs += g.syncs.load(Ordering::Relaxed);
-        if let Ok(i) = usize::try_from(g.device())
-            && i < STATS_DEVICES
-        {
-            s.devices[i] = u;
-            s.device_count = s.device_count.max(i as u32 + 1);
-        }
-    }
-    s
-}
-
-/// Reset every peak to the current value.
-pub fn reset_peaks() {
-    let Some(a) = crate::allocator::get() else {
-        return;
-    };
-    a.host_pool().stats.reset_peak();
-    for g in a.device_groups() {
-        g.stats.reset_peak();
-    }
-    reset_device_side_peaks();
 }
 
 const _: () = assert!(STATS_DEVICES == crate::ffi::query::UMP_MAX_DEVICES);

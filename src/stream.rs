@@ -21,9 +21,9 @@
 //! allocator passes the current stream as CFunctionAllocator's `param`, so CuPy's blocks are
 //! stream-ordered the same way (see `ffi::cupy`).
 
-use crate::backing::Backing;
+use crate::backing::{Backing, Chunk};
 use crate::error::Result;
-use crate::pool::Pool;
+use crate::pool::{Group, Pool};
 use crate::prim::cuda;
 use crate::stats::PoolStats;
 use std::sync::RwLock;
@@ -91,14 +91,6 @@ impl StreamPools {
 
     pub fn device(&self) -> i32 {
         self.device
-    }
-
-    pub(crate) fn ordered(&self) -> bool {
-        self.ordered
-    }
-
-    pub(crate) fn count_sync(&self) {
-        self.syncs.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every stream pool made so far, retired ones last.
@@ -175,35 +167,11 @@ impl StreamPools {
             self.limit,
             self.retain,
             self,
+            self.stats,
             stream,
         );
         pools.push(p);
         Ok(p)
-    }
-
-    /// Adopt for `taker` an idle chunk of at least `min` bytes from another stream's pool,
-    /// ordered after the work that stream queued before the chunk fell idle.
-    pub(crate) fn steal(&self, taker: &'static Pool, min: usize) -> Option<crate::backing::Chunk> {
-        for p in self.pools() {
-            if std::ptr::eq(p, taker) {
-                continue;
-            }
-            if let Some((chunk, ev)) = p.take_idle_chunk(min) {
-                if let Some(ev) = ev {
-                    self.order_after(&ev, taker.stream());
-                } else if p.is_retired()
-                    && let Some(ev) = p
-                        .retire_event
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .as_ref()
-                {
-                    self.order_after(ev, taker.stream());
-                }
-                return Some(chunk);
-            }
-        }
-        None
     }
 
     /// Make `stream` wait for `ev`: on the device when the event is still pending, on the
@@ -250,8 +218,53 @@ impl StreamPools {
         }
     }
 
+    /// Return all cached memory of every stream (empty slabs included).
+    pub fn trim(&self) -> usize {
+        self.pools().iter().map(|p| p.trim()).sum()
+    }
+
+    /// Free bytes held by every stream's pool.
+    pub fn cached_bytes(&self) -> usize {
+        self.pools().iter().map(|p| p.cached_bytes()).sum()
+    }
+}
+
+impl Group for StreamPools {
+    fn ordered(&self) -> bool {
+        self.ordered
+    }
+
+    fn count_sync(&self) {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adopt for `taker` an idle chunk of at least `min` bytes from another stream's pool,
+    /// ordered after the work that stream queued before the chunk fell idle.
+    fn steal(&self, taker: &'static Pool, min: usize) -> Option<Chunk> {
+        for p in self.pools() {
+            if std::ptr::eq(p, taker) {
+                continue;
+            }
+            if let Some((chunk, ev)) = p.take_idle_chunk(min) {
+                if let Some(ev) = ev {
+                    self.order_after(&ev, taker.stream());
+                } else if p.is_retired()
+                    && let Some(ev) = p
+                        .retire_event
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .as_ref()
+                {
+                    self.order_after(ev, taker.stream());
+                }
+                return Some(chunk);
+            }
+        }
+        None
+    }
+
     /// Under the limit, give back idle chunks of every stream so that `want` more bytes fit.
-    pub(crate) fn make_room(&self, want: usize, need: usize) {
+    fn make_room(&self, want: usize, need: usize) {
         let Some(limit) = self.limit else { return };
         let mapped = self.stats.mapped.load(Ordering::Relaxed);
         if mapped + want <= limit || mapped + need <= limit {
@@ -261,18 +274,8 @@ impl StreamPools {
     }
 
     /// Give back every idle chunk of every stream. Returns the bytes given back.
-    pub fn release_idle(&self) -> usize {
+    fn release_idle(&self) -> usize {
         self.pools().iter().map(|p| p.release_idle()).sum()
-    }
-
-    /// Return all cached memory of every stream (empty slabs included).
-    pub fn trim(&self) -> usize {
-        self.pools().iter().map(|p| p.trim()).sum()
-    }
-
-    /// Free bytes held by every stream's pool.
-    pub fn cached_bytes(&self) -> usize {
-        self.pools().iter().map(|p| p.cached_bytes()).sum()
     }
 }
 

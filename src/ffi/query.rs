@@ -427,7 +427,7 @@ pub unsafe extern "C" fn ump_stats(out: *mut crate::stats::ump_stats) -> c_int {
         if out.is_null() {
             return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }
-        let s = crate::stats::collect();
+        let s = allocator::collect_stats();
         // SAFETY: `out` is non-NULL and, per the contract, holds `size` writable bytes.
         unsafe { write_versioned(out, s) }
     })
@@ -438,7 +438,7 @@ pub unsafe extern "C" fn ump_stats(out: *mut crate::stats::ump_stats) -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_reset_peak() -> c_int {
     status("ump_reset_peak", || {
-        crate::stats::reset_peaks();
+        allocator::reset_peaks();
         Ok(())
     })
 }

@@ -20,7 +20,6 @@ use crate::error::{Error, Result};
 use crate::prim::cuda;
 use crate::registry::{self, GRANULE};
 use crate::stats::PoolStats;
-use crate::stream::StreamPools;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -69,6 +68,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What a stream-ordered pool needs from the set of pools of its device (implemented one
+/// layer up, by `stream::StreamPools`), so that dependencies point down.
+pub trait Group: Send + Sync {
+    /// Whether events order reuse across streams (false without a CUDA driver).
+    fn ordered(&self) -> bool;
+    /// Count a cross-stream reuse that had to synchronise instead of waiting on an event.
+    fn count_sync(&self);
+    /// An idle chunk of at least `min` bytes of another stream's pool, adopted for `taker`
+    /// and ordered after that stream's work.
+    fn steal(&self, taker: &'static Pool, min: usize) -> Option<Chunk>;
+    /// Under the device's limit, give back idle memory of every stream so that `want` (or at
+    /// least `need`) more bytes fit.
+    fn make_room(&self, want: usize, need: usize);
+    /// Give back idle memory of every stream. Returns the bytes given back.
+    fn release_idle(&self) -> usize;
+}
+
 /// Where a live block is, as the registry and descriptors say.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockInfo {
@@ -102,7 +118,7 @@ pub struct Pool {
     /// The stream this pool's blocks are used on (stream-ordered pools; 0 otherwise).
     stream: usize,
     /// The device's set of stream pools this pool belongs to, if it is stream-ordered.
-    group: Option<&'static StreamPools>,
+    group: Option<&'static dyn Group>,
     /// The stream was retired (about to be destroyed): its handle is never used again, and
     /// `retire_event` (recorded at retirement) orders everything it ran.
     retired: AtomicBool,
@@ -227,18 +243,11 @@ impl Pool {
         align: usize,
         limit: Option<usize>,
         retain: usize,
-        group: &'static StreamPools,
+        group: &'static dyn Group,
+        stats: &'static PoolStats,
         stream: usize,
     ) -> &'static Pool {
-        Self::build(
-            backing,
-            align,
-            limit,
-            retain,
-            group.stats,
-            Some(group),
-            stream,
-        )
+        Self::build(backing, align, limit, retain, stats, Some(group), stream)
     }
 
     fn build(
@@ -247,7 +256,7 @@ impl Pool {
         limit: Option<usize>,
         retain: usize,
         stats: &'static PoolStats,
-        group: Option<&'static StreamPools>,
+        group: Option<&'static dyn Group>,
         stream: usize,
     ) -> &'static Pool {
         let table = ClassTable::new(align);
@@ -296,8 +305,13 @@ impl Pool {
     }
 
     /// The device's stream pools, when this pool is stream-ordered.
-    pub fn group(&self) -> Option<&'static StreamPools> {
+    pub fn group(&self) -> Option<&'static dyn Group> {
         self.group
+    }
+
+    /// Whether this pool is one of a device's stream-ordered pools.
+    pub fn is_stream_ordered(&self) -> bool {
+        self.group.is_some()
     }
 
     /// Whether freed memory must be fenced with events before another stream uses it.
