@@ -315,6 +315,15 @@ int ump_set_alignment(size_t alignment);
 // configuration is invalid (see `ump_init`).
 size_t ump_alignment(void);
 
+// The alignment `ump_malloc(size)` (and calloc, realloc) guarantees for a block of `size`
+// bytes: `ump_alignment()` for blocks of at least that size; a smaller block gets the
+// natural alignment of its size class instead (the largest power of two dividing the class
+// size, at least 16: 64 for 64 bytes, 16 for 40 bytes), so that small arrays do not pay for
+// a GPU-sized alignment. Device-side blocks (`ump_cupy_malloc`, `ump_torch_malloc`) always get
+// `ump_alignment()`. Initialises the allocator; returns 0 when the configuration is invalid
+// (see `ump_init`).
+size_t ump_block_alignment(size_t size);
+
 // The mode in force, or `UMP_MODE_UNSET` before initialisation.
 enum ump_mode ump_current_mode(void);
 

@@ -21,7 +21,7 @@ def test_16_thread_churn(lib):
             for i, n in enumerate(sizes):
                 n = int(n)
                 p = lib.ump_malloc(n)
-                assert p and p % ump_alloc.alignment() == 0
+                assert p and p % ump_alloc.block_alignment(n) == 0
                 tag = bytes([(tid * 31 + i) & 0xFF]) * 8
                 ctypes.memmove(p, tag, 8)
                 ctypes.memmove(p + n - 8 if n >= 8 else p, tag, min(8, n))

@@ -13,11 +13,12 @@ from conftest import GPU, ROOT, run_python
 def test_alignment_from_environment():
     r = run_python(
         "import numpy as np, ump_alloc; ump_alloc.enable();"
-        "xs=[np.empty(n, np.uint8) for n in (1, 100, 5000, 10**6)];"
-        "print(ump_alloc.alignment(), all(x.ctypes.data % 4096 == 0 for x in xs))",
+        "xs=[np.empty(n, np.uint8) for n in (1, 100, 4096, 5000, 10**6)];"
+        "print(ump_alloc.alignment(), all(x.ctypes.data % 4096 == 0 for x in xs[2:]),"
+        " [ump_alloc.block_alignment(x.nbytes) for x in xs])",
         env={"UMP_ALLOC_ALIGNMENT": "4096"},
     )
-    assert r.stdout.split() == ["4096", "True"]
+    assert r.stdout.strip().split(maxsplit=2) == ["4096", "True", "[16, 16, 4096, 4096, 4096]"]
 
 
 @pytest.mark.parametrize("bad", ["3", "8", "100", "abc", "1048576"])
@@ -49,7 +50,7 @@ def test_mode_and_alignment_fixed_at_first_allocation():
     r = run_python(
         "import numpy as np, ump_alloc\n"
         "ump_alloc.enable(alignment=1024)\n"
-        "a = np.ones(10)\n"
+        "a = np.ones(1000)\n"
         "assert a.ctypes.data % 1024 == 0\n"
         "ump_alloc.enable(alignment=1024)  # same value: fine\n"
         "try:\n"

@@ -52,13 +52,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The configuration from the environment, read and validated once.
+/// The configuration from the environment, read and validated once (under `INIT`, so that
+/// no initialisation is half done at a fork; never call it with `INIT` held).
 pub fn env_config() -> Result<Config> {
+    if let Some(c) = ENV.get() {
+        return c.clone();
+    }
+    let _g = lock(&INIT);
     ENV.get_or_init(Config::from_env).clone()
 }
 
-/// The machine's capabilities, probed once.
+/// The machine's capabilities, probed once (under `INIT`, like [`env_config`]).
 pub fn caps() -> &'static MachineCaps {
+    if let Some(c) = CAPS.get() {
+        return c;
+    }
+    let _g = lock(&INIT);
     CAPS.get_or_init(cuda::probe)
 }
 
@@ -79,11 +88,17 @@ pub fn instance() -> Result<&'static Allocator> {
 
 /// Initialise now: read the configuration, select the mode, make the host pool.
 pub fn init() -> Result<&'static Allocator> {
+    if let Some(a) = STATE.get() {
+        return Ok(a);
+    }
+    // Both take INIT themselves: before it is held here.
+    let config = env_config();
+    let caps = caps().clone();
     let _g = lock(&INIT);
     if let Some(a) = STATE.get() {
         return Ok(a);
     }
-    let mut config = env_config()?;
+    let mut config = config?;
     {
         let o = lock(&OVERRIDES);
         if let Some(m) = o.mode {
@@ -93,7 +108,6 @@ pub fn init() -> Result<&'static Allocator> {
             config.alignment = a;
         }
     }
-    let caps = caps().clone();
     let (mode, mode_reason) = caps.select(config.mode)?;
     let host_backing: Box<dyn Backing> = match mode {
         Mode::Host | Mode::Device => Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
@@ -125,6 +139,7 @@ pub fn init() -> Result<&'static Allocator> {
 
 /// Request a mode before the first allocation. Afterwards only the mode in force is accepted.
 pub fn set_mode(req: ModeRequest) -> Result<()> {
+    let caps = caps();
     let _g = lock(&INIT);
     if let Some(a) = STATE.get() {
         return match req {
@@ -141,7 +156,7 @@ pub fn set_mode(req: ModeRequest) -> Result<()> {
         };
     }
     // Refuse a mode this machine cannot do now, not at the first allocation.
-    caps().select(req)?;
+    caps.select(req)?;
     lock(&OVERRIDES).mode = Some(req);
     Ok(())
 }
@@ -361,6 +376,17 @@ pub fn calloc(nelem: usize, elsize: usize) -> Result<usize> {
     Ok(a.ptr)
 }
 
+/// The alignment a host-side block of `n` bytes gets: the configured alignment, or for a block
+/// smaller than it, the natural alignment of its size class (see `pool::class`).
+pub fn block_alignment(n: usize) -> Result<usize> {
+    let t = instance()?.host_pool().classes();
+    Ok(if n <= crate::pool::SMALL_MAX {
+        t.alignment_of(t.class_of(n))
+    } else {
+        t.alignment_of(t.len() - 1)
+    })
+}
+
 /// The live block starting exactly at `ptr`, or the error that explains why not.
 pub fn block_at(ptr: usize) -> Result<BlockInfo> {
     match pool::lookup(ptr) {
@@ -441,9 +467,44 @@ pub fn device_free(ptr: usize, _device: i32, stream: usize) -> Result<()> {
     free(ptr)
 }
 
-/// Give cached memory of every pool back to the OS and the driver. Returns bytes given back.
+/// Give cached memory of every pool back to the OS and the driver, whichever thread cached
+/// it. Returns the bytes given back.
 pub fn trim() -> usize {
-    get().map_or(0, |a| a.pools().iter().map(|p| p.trim()).sum())
+    get().map_or(0, |a| {
+        a.host.trim() + a.device_groups().iter().map(|g| g.trim()).sum::<usize>()
+    })
+}
+
+/// Before `fork()`: take every allocator lock in the global order (see `crate::fork`).
+pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
+    held.push(lock(&INIT));
+    held.push(lock(&OVERRIDES));
+    cuda::fork_lock_load(held);
+    if let Some(a) = get() {
+        held.push(lock(&a.device_pool_lock));
+        let groups = a.device_groups();
+        for g in &groups {
+            g.fork_lock_create(held);
+        }
+        pool::tcache_fork_prepare(held);
+        let pools = a.pools();
+        for p in &pools {
+            p.fork_lock_classes(held);
+        }
+        for p in &pools {
+            p.fork_lock_large(held);
+        }
+        for p in &pools {
+            p.fork_lock_retire(held);
+        }
+        for g in &groups {
+            g.fork_lock_orphans(held);
+        }
+    } else {
+        pool::tcache_fork_prepare(held);
+    }
+    cuda::fork_lock_events(held);
+    crate::scope::fork_lock(held);
 }
 
 /// Set errno to ENOMEM (the malloc family's way of saying why NULL came back).

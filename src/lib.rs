@@ -12,6 +12,7 @@
 //!   `UMP_ALLOC_*` variables.
 //! - [`allocator`]: the process-wide state composing the above.
 //! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, query).
+//! - [`fork`]: `pthread_atfork` handlers that keep every lock consistent across `fork()`.
 
 pub mod access;
 pub mod allocator;
@@ -19,6 +20,7 @@ pub mod backing;
 pub mod config;
 pub mod error;
 pub mod ffi;
+pub mod fork;
 pub mod mode;
 pub mod pool;
 pub mod prim;
@@ -29,3 +31,13 @@ pub mod stream;
 
 pub use error::{Error, Result, Status};
 pub use mode::Mode;
+
+/// Runs when the library is loaded (before any allocation and before any other thread can
+/// use it): the fork handlers are registered here.
+extern "C" fn on_load() {
+    fork::install();
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;

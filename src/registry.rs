@@ -69,10 +69,11 @@ pub fn get(addr: usize) -> usize {
     unsafe { (*p)[l].load(Ordering::Acquire) }
 }
 
-/// Point every granule of `[start, start+len)` at `value` (0 clears).
-/// `start` and `len` must be granule multiples. Returns false if the range is outside the
-/// registry or a leaf could not be mapped (nothing is left half-set in that case).
-pub fn set_range(start: usize, len: usize, value: usize) -> bool {
+/// Make sure every leaf covering `[start, start+len)` exists, so that [`set_range`] on any part
+/// of the range cannot fail. This is the one fallible step of the registry: it maps memory for
+/// missing leaves. Returns false when the range is outside the registry or a leaf could not be
+/// mapped (leaves made before the failure stay; they are harmless).
+pub fn reserve(start: usize, len: usize) -> bool {
     debug_assert!(start % GRANULE == 0 && len % GRANULE == 0);
     let Some(end) = start.checked_add(len) else {
         return false;
@@ -80,24 +81,35 @@ pub fn set_range(start: usize, len: usize, value: usize) -> bool {
     if end > ADDR_LIMIT {
         return false;
     }
-    // Create every leaf first so that a failure leaves no partial range behind.
     let mut a = start;
     while a < end {
         let (t, _) = split(a);
-        if value != 0 && leaf(t, true).is_none() {
+        if leaf(t, true).is_none() {
             return false;
         }
         a = ((t + 1) << (LEAF_BITS + GRANULE_SHIFT)).min(end);
     }
+    true
+}
+
+/// Point every granule of `[start, start+len)` at `value` (0 clears). `start` and `len` must
+/// be granule multiples and the range reserved ([`reserve`]) unless `value` is 0. Returns
+/// whether every granule was set (false only for a range that was not reserved).
+pub fn set_range(start: usize, len: usize, value: usize) -> bool {
+    debug_assert!(start % GRANULE == 0 && len % GRANULE == 0);
+    let end = start.saturating_add(len).min(ADDR_LIMIT);
+    let mut all = start.saturating_add(len) <= ADDR_LIMIT;
     let mut a = start;
     while a < end {
         let (t, l) = split(a);
-        if let Some(leaf) = leaf(t, false) {
-            leaf[l].store(value, Ordering::Release);
+        match leaf(t, false) {
+            Some(leaf) => leaf[l].store(value, Ordering::Release),
+            None => all &= value == 0,
         }
         a += GRANULE;
     }
-    true
+    debug_assert!(all, "set_range on a range that was not reserved");
+    all
 }
 
 #[cfg(test)]
@@ -108,6 +120,7 @@ mod tests {
     fn set_get_clear() {
         let base = 0x5a5a_0000_0000usize;
         assert_eq!(get(base), 0);
+        assert!(reserve(base, 3 * GRANULE));
         assert!(set_range(base, 3 * GRANULE, 0xdead_bee8));
         assert_eq!(get(base), 0xdead_bee8);
         assert_eq!(get(base + 3 * GRANULE - 1), 0xdead_bee8);
@@ -120,14 +133,19 @@ mod tests {
     #[test]
     fn out_of_range() {
         assert_eq!(get(usize::MAX), 0);
-        assert!(!set_range(ADDR_LIMIT - GRANULE, 2 * GRANULE, 8));
-        assert!(!set_range(usize::MAX - GRANULE + 1, GRANULE, 8));
+        assert!(!reserve(ADDR_LIMIT - GRANULE, 2 * GRANULE));
+        assert!(!reserve(usize::MAX - GRANULE + 1, GRANULE));
+        assert!(
+            set_range(0x7000_0000_0000, GRANULE, 0),
+            "clearing needs no leaf"
+        );
     }
 
     #[test]
     fn crosses_a_leaf_boundary() {
         let leaf_span = 1usize << (LEAF_BITS + GRANULE_SHIFT);
         let base = 0x3b00_0000_0000usize + leaf_span - GRANULE;
+        assert!(reserve(base, 2 * GRANULE));
         assert!(set_range(base, 2 * GRANULE, 16));
         assert_eq!(get(base), 16);
         assert_eq!(get(base + GRANULE), 16);

@@ -69,6 +69,11 @@ fn with_table<R>(f: impl FnOnce(&mut Table) -> R) -> R {
     r
 }
 
+/// Fork: the scope table (last in the order: it is never held while another lock is taken).
+pub(crate) fn fork_lock(held: &mut crate::fork::Held) {
+    held.push(TABLE.lock().unwrap_or_else(|e| e.into_inner()));
+}
+
 /// This thread's open scopes, innermost last. Dropped at thread exit: scopes left open are
 /// closed without freeing anything (another thread may use those blocks).
 struct Stack(RefCell<Vec<u64>>);

@@ -2,14 +2,16 @@
 //! device-side totals per kind, and the C view of them (`ump_stats`).
 
 use crate::backing::Kind;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 
 /// Counters of one pool, or of all stream pools of one device. All relaxed: they are
 /// statistics, not synchronisation.
 #[derive(Default)]
 pub struct PoolStats {
-    /// Requested bytes currently handed out.
-    pub in_use: AtomicUsize,
+    /// Requested bytes currently handed out. Signed: a thread cache batches its changes (see
+    /// `pool::tcache`), so a block freed on another thread than the one that allocated it can
+    /// take the sum below zero for a moment. Read it through [`in_use`](Self::in_use).
+    in_use: AtomicIsize,
     pub in_use_peak: AtomicUsize,
     /// Bytes currently obtained from the backing.
     pub mapped: AtomicUsize,
@@ -28,7 +30,7 @@ pub struct PoolStats {
 macro_rules! zero_stats {
     () => {
         PoolStats {
-            in_use: AtomicUsize::new(0),
+            in_use: AtomicIsize::new(0),
             in_use_peak: AtomicUsize::new(0),
             mapped: AtomicUsize::new(0),
             mapped_peak: AtomicUsize::new(0),
@@ -74,9 +76,18 @@ impl PoolStats {
         }
     }
 
+    /// Requested bytes currently handed out (0 while batched changes of other threads make
+    /// the sum negative for a moment).
+    pub fn in_use(&self) -> usize {
+        self.in_use.load(Ordering::Relaxed).max(0) as usize
+    }
+
     #[inline]
     pub fn add_in_use(&self, n: usize) {
-        peak_add(&self.in_use, &self.in_use_peak, n);
+        let v = self.in_use.fetch_add(n as isize, Ordering::Relaxed) + n as isize;
+        if v > 0 && v as usize > self.in_use_peak.load(Ordering::Relaxed) {
+            self.in_use_peak.fetch_max(v as usize, Ordering::Relaxed);
+        }
         if let Some(p) = self.parent {
             p.add_in_use(n);
         }
@@ -84,7 +95,7 @@ impl PoolStats {
 
     #[inline]
     pub fn sub_in_use(&self, n: usize) {
-        self.in_use.fetch_sub(n, Ordering::Relaxed);
+        self.in_use.fetch_sub(n as isize, Ordering::Relaxed);
         if let Some(p) = self.parent {
             p.sub_in_use(n);
         }
@@ -96,6 +107,34 @@ impl PoolStats {
         } else {
             self.sub_in_use(old - new);
         }
+    }
+
+    /// Count `n` more bytes mapped if that keeps `mapped` within `limit` (None: no limit).
+    /// Atomic, so that threads mapping at once cannot pass the limit together. Returns
+    /// whether the bytes were counted; the caller undoes it with [`on_unmap`](Self::on_unmap)
+    /// if the mapping then fails.
+    pub fn reserve_mapped(&self, n: usize, limit: Option<usize>) -> bool {
+        if let Some(limit) = limit {
+            let ok = self
+                .mapped
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                    m.checked_add(n).filter(|&t| t <= limit)
+                })
+                .is_ok();
+            if !ok {
+                return false;
+            }
+            let v = self.mapped.load(Ordering::Relaxed);
+            if v > self.mapped_peak.load(Ordering::Relaxed) {
+                self.mapped_peak.fetch_max(v, Ordering::Relaxed);
+            }
+            if let Some(p) = self.parent {
+                p.on_map(n);
+            }
+            return true;
+        }
+        self.on_map(n);
+        true
     }
 
     pub fn on_map(&self, n: usize) {
@@ -114,8 +153,7 @@ impl PoolStats {
 
     /// Reset the peaks to the current values.
     pub fn reset_peak(&self) {
-        self.in_use_peak
-            .store(self.in_use.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.in_use_peak.store(self.in_use(), Ordering::Relaxed);
         self.mapped_peak
             .store(self.mapped.load(Ordering::Relaxed), Ordering::Relaxed);
     }
@@ -125,7 +163,7 @@ impl PoolStats {
         let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as u64;
         let h = |a: &AtomicU64| a.load(Ordering::Relaxed);
         ump_usage {
-            in_use: g(&self.in_use),
+            in_use: self.in_use() as u64,
             in_use_peak: g(&self.in_use_peak),
             mapped: g(&self.mapped),
             mapped_peak: g(&self.mapped_peak),
@@ -260,5 +298,4 @@ pub struct ump_stats {
     pub errors_other: u64,
 }
 
-const _: () = assert!(STATS_DEVICES == crate::ffi::query::UMP_MAX_DEVICES);
 const _: () = assert!(STATS_KINDS == Kind::UMP_KIND_FOREIGN_HOST as usize + 1);

@@ -17,17 +17,27 @@
 //! - Where an event cannot be recorded (a stream handle destroyed before its blocks were
 //!   freed), the device is synchronised instead: slower, never unsafe.
 //!
+//! **Retired streams.** A stream about to be destroyed is retired: one last event is recorded
+//! on it and its handle is never used again. Its pool's idle chunks, and every chunk of it that
+//! falls idle later, go to the device's *orphans*, each ordered by that event; any stream
+//! adopts an orphan before it maps memory, and `trim` (or the limit) gives orphans back. A
+//! retired pool that holds no chunk any more serves the next new stream, so the number of
+//! pools is bounded by the streams in use at once, not by the streams ever made.
+//!
+//! The pool list is append-only and lock-free to read (a stream's pool is found with no lock);
+//! making and recycling pools is serialised by one lock per device.
+//!
 //! PyTorch passes the allocation stream to `free`. CuPy's free passes none; `ump_alloc`'s CuPy
 //! allocator passes the current stream as CFunctionAllocator's `param`, so CuPy's blocks are
 //! stream-ordered the same way (see `ffi::cupy`).
 
 use crate::backing::{Backing, Chunk};
 use crate::error::Result;
-use crate::pool::{Group, Pool};
+use crate::pool::{Group, Pool, lock};
 use crate::prim::cuda;
 use crate::stats::PoolStats;
-use std::sync::RwLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// `CU_STREAM_LEGACY`: the legacy default stream by its explicit handle (same as 0).
 const CU_STREAM_LEGACY: usize = 1;
@@ -42,6 +52,15 @@ pub fn normalize(stream: usize) -> usize {
     }
 }
 
+/// A link of the pool list (leaked: readers may hold it at any time).
+struct Node {
+    pool: &'static Pool,
+    next: *const Node,
+}
+
+/// An idle chunk of a retired stream, with the event after which another stream may use it.
+type Orphan = (Chunk, Option<Arc<cuda::Event>>);
+
 /// The pools of one device, one per stream, sharing counters and a limit.
 pub struct StreamPools {
     device: i32,
@@ -52,16 +71,25 @@ pub struct StreamPools {
     /// Whether events order reuse across streams (false without a CUDA driver, in tests).
     ordered: bool,
     pub stats: &'static PoolStats,
-    /// Pools of live streams (looked up by stream).
-    pools: RwLock<Vec<&'static Pool>>,
-    /// Pools of retired streams: their blocks are still freed into them, and their idle
-    /// chunks serve other streams behind the retire event.
-    retired: RwLock<Vec<&'static Pool>>,
+    /// Every pool of the device, newest first. Read lock-free; appended under `create`.
+    head: AtomicPtr<Node>,
+    /// Serialises making, recycling and retiring pools.
+    create: Mutex<()>,
+    /// Idle chunks of retired streams, oldest first.
+    orphans: Mutex<Vec<Orphan>>,
+    /// The backing orphans go back through (every pool of the device has the same kind).
+    backing: Box<dyn Backing>,
     /// Cross-stream reuses ordered by a device-side wait on an event.
     pub waits: AtomicU64,
     /// Cross-stream reuses that had to synchronise (the event was not usable).
     pub syncs: AtomicU64,
 }
+
+// SAFETY: `Node::next` is a raw pointer only to leaked, immutable nodes; everything else is
+// Send + Sync.
+unsafe impl Send for StreamPools {}
+// SAFETY: as above.
+unsafe impl Sync for StreamPools {}
 
 impl StreamPools {
     /// Make the stream pools of `device`. They live for the whole process.
@@ -74,6 +102,7 @@ impl StreamPools {
         ordered: bool,
         stats: &'static PoolStats,
     ) -> &'static StreamPools {
+        let backing = make_backing();
         Box::leak(Box::new(StreamPools {
             device,
             make_backing,
@@ -82,8 +111,10 @@ impl StreamPools {
             retain,
             ordered,
             stats,
-            pools: RwLock::new(Vec::new()),
-            retired: RwLock::new(Vec::new()),
+            head: AtomicPtr::new(std::ptr::null_mut()),
+            create: Mutex::new(()),
+            orphans: Mutex::new(Vec::new()),
+            backing,
             waits: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
         }))
@@ -93,72 +124,35 @@ impl StreamPools {
         self.device
     }
 
-    /// Every stream pool made so far, retired ones last.
+    /// Every pool of the device (live and retired), lock-free.
+    fn iter(&self) -> impl Iterator<Item = &'static Pool> {
+        let mut n = self.head.load(Ordering::Acquire) as *const Node;
+        std::iter::from_fn(move || {
+            // SAFETY: nodes are leaked and never change after publication.
+            let node = unsafe { n.as_ref() }?;
+            n = node.next;
+            Some(node.pool)
+        })
+    }
+
+    /// Every pool of the device, live and retired.
     pub fn pools(&self) -> Vec<&'static Pool> {
-        let mut v = self.pools.read().unwrap_or_else(|e| e.into_inner()).clone();
-        v.extend(
-            self.retired
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter(),
-        );
-        v
+        self.iter().collect()
     }
 
-    /// The stream `stream` is about to be destroyed: record the event that covers its work
-    /// and never use the handle again (a new stream that gets the same handle gets a new
-    /// pool). Returns whether this device had a pool for it. The legacy default stream is
-    /// never retired.
-    pub fn retire(&self, stream: usize) -> bool {
-        let stream = normalize(stream);
-        if stream == 0 {
-            return false;
-        }
-        let p = {
-            let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
-            let Some(i) = pools.iter().position(|p| p.stream() == stream) else {
-                return false;
-            };
-            pools.swap_remove(i)
-        };
-        if self.ordered {
-            p.retire();
-        }
-        self.retired
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(p);
-        true
-    }
-
-    /// The retired pool of handle `stream`, if the handle was retired and not reused since.
-    fn retired_pool(&self, stream: usize) -> Option<&'static Pool> {
-        let live = self.pools.read().unwrap_or_else(|e| e.into_inner());
-        if live.iter().any(|p| p.stream() == stream) {
-            return None; // the handle was reused by a live stream
-        }
-        drop(live);
-        self.retired
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .rev()
-            .find(|p| p.stream() == stream)
-            .copied()
-    }
-
-    /// The pool of `stream` (0: the legacy default stream), made on first use.
+    /// The pool of `stream` (0: the legacy default stream): found lock-free, else a retired
+    /// pool that holds nothing any more is recycled, else one is made.
     #[inline]
     pub fn pool_for(&'static self, stream: usize) -> Result<&'static Pool> {
         let stream = normalize(stream);
-        {
-            let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(p) = pools.iter().find(|p| p.stream() == stream) {
-                return Ok(p);
-            }
+        if let Some(p) = self.iter().find(|p| p.serves(stream)) {
+            return Ok(p);
         }
-        let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = pools.iter().find(|p| p.stream() == stream) {
+        let _g = lock(&self.create);
+        if let Some(p) = self.iter().find(|p| p.serves(stream)) {
+            return Ok(p);
+        }
+        if let Some(p) = self.iter().find(|p| p.recycle(stream)) {
             return Ok(p);
         }
         let p = Pool::for_stream(
@@ -170,8 +164,37 @@ impl StreamPools {
             self.stats,
             stream,
         );
-        pools.push(p);
+        let node = Box::leak(Box::new(Node {
+            pool: p,
+            next: self.head.load(Ordering::Acquire),
+        }));
+        self.head.store(node, Ordering::Release);
         Ok(p)
+    }
+
+    /// The stream `stream` is about to be destroyed: record the event that covers its work
+    /// and never use the handle again (a new stream that gets the same handle gets a pool of
+    /// its own). Returns whether this device had a pool for it. The legacy default stream is
+    /// never retired.
+    pub fn retire(&self, stream: usize) -> bool {
+        let stream = normalize(stream);
+        if stream == 0 {
+            return false;
+        }
+        let _g = lock(&self.create);
+        let Some(p) = self.iter().find(|p| p.serves(stream)) else {
+            return false;
+        };
+        p.retire();
+        true
+    }
+
+    /// The retired pool of handle `stream`, if the handle was retired and not reused since.
+    fn retired_pool(&self, stream: usize) -> Option<&'static Pool> {
+        if self.iter().any(|p| p.serves(stream)) {
+            return None; // the handle was reused by a live stream
+        }
+        self.iter().find(|p| p.retired_for(stream))
     }
 
     /// Make `stream` wait for `ev`: on the device when the event is still pending, on the
@@ -199,12 +222,7 @@ impl StreamPools {
         }
         if let Some(r) = self.retired_pool(stream) {
             // The handle is gone: its retire event stands for all its work.
-            if let Some(ev) = r
-                .retire_event
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-            {
+            if let Some(ev) = lock(&r.retire_event).as_ref() {
                 self.order_after(ev, pool.stream());
             }
             return;
@@ -218,14 +236,45 @@ impl StreamPools {
         }
     }
 
-    /// Return all cached memory of every stream (empty slabs included).
-    pub fn trim(&self) -> usize {
-        self.pools().iter().map(|p| p.trim()).sum()
+    /// Give orphan `o` back to the backing, after the work of its retired stream.
+    fn release_orphan(&self, (chunk, fence): Orphan) -> usize {
+        if let Some(ev) = fence
+            && ev.wait().is_err()
+        {
+            let _ = cuda::device_synchronize(self.device);
+        }
+        // SAFETY: the chunk is wholly free, registered nowhere, and its stream's work is done.
+        unsafe { self.backing.unmap(&chunk) };
+        self.stats.on_unmap(chunk.size);
+        chunk.size
     }
 
-    /// Free bytes held by every stream's pool.
+    /// Give every orphan back. Returns the bytes given back.
+    fn release_orphans(&self) -> usize {
+        let all = std::mem::take(&mut *lock(&self.orphans));
+        all.into_iter().map(|o| self.release_orphan(o)).sum()
+    }
+
+    /// Return all cached memory of every stream (empty slabs and orphans included). Returns
+    /// the bytes given back to the backing.
+    pub fn trim(&self) -> usize {
+        self.iter().map(|p| p.trim()).sum::<usize>() + self.release_orphans()
+    }
+
+    /// Free bytes held by every stream's pool and the orphans.
     pub fn cached_bytes(&self) -> usize {
-        self.pools().iter().map(|p| p.cached_bytes()).sum()
+        let orphans: usize = lock(&self.orphans).iter().map(|o| o.0.size).sum();
+        self.iter().map(|p| p.cached_bytes()).sum::<usize>() + orphans
+    }
+
+    /// Fork: the lock that makes and recycles pools (taken before any pool's locks).
+    pub(crate) fn fork_lock_create(&'static self, held: &mut crate::fork::Held) {
+        held.push(lock(&self.create));
+    }
+
+    /// Fork: the orphan list (taken after every pool's large lock).
+    pub(crate) fn fork_lock_orphans(&'static self, held: &mut crate::fork::Held) {
+        held.push(lock(&self.orphans));
     }
 }
 
@@ -238,24 +287,33 @@ impl Group for StreamPools {
         self.syncs.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Adopt for `taker` an idle chunk of at least `min` bytes from another stream's pool,
-    /// ordered after the work that stream queued before the chunk fell idle.
+    /// Adopt for `taker` an idle chunk of at least `min` bytes: an orphan first, else one of
+    /// another stream's pool, ordered after the work that stream queued before the chunk fell
+    /// idle.
     fn steal(&self, taker: &'static Pool, min: usize) -> Option<Chunk> {
-        for p in self.pools() {
-            if std::ptr::eq(p, taker) {
+        let orphan = {
+            let mut o = lock(&self.orphans);
+            let best = o
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| x.0.size >= min)
+                .min_by_key(|(_, x)| x.0.size)
+                .map(|(i, _)| i);
+            best.map(|i| o.remove(i))
+        };
+        if let Some((chunk, fence)) = orphan {
+            if let Some(ev) = fence {
+                self.order_after(&ev, taker.stream());
+            }
+            return Some(chunk);
+        }
+        for p in self.iter() {
+            if std::ptr::eq(p, taker) || p.is_retired() {
                 continue;
             }
             if let Some((chunk, ev)) = p.take_idle_chunk(min) {
                 if let Some(ev) = ev {
                     self.order_after(&ev, taker.stream());
-                } else if p.is_retired()
-                    && let Some(ev) = p
-                        .retire_event
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .as_ref()
-                {
-                    self.order_after(ev, taker.stream());
                 }
                 return Some(chunk);
             }
@@ -263,7 +321,7 @@ impl Group for StreamPools {
         None
     }
 
-    /// Under the limit, give back idle chunks of every stream so that `want` more bytes fit.
+    /// Under the limit, give back idle memory of every stream so that `want` more bytes fit.
     fn make_room(&self, want: usize, need: usize) {
         let Some(limit) = self.limit else { return };
         let mapped = self.stats.mapped.load(Ordering::Relaxed);
@@ -273,9 +331,20 @@ impl Group for StreamPools {
         self.release_idle();
     }
 
-    /// Give back every idle chunk of every stream. Returns the bytes given back.
     fn release_idle(&self) -> usize {
-        self.pools().iter().map(|p| p.release_idle()).sum()
+        self.trim()
+    }
+
+    fn adopt(&self, chunk: Chunk, fence: Option<Arc<cuda::Event>>) {
+        let mut o = lock(&self.orphans);
+        o.push((chunk, fence));
+        // Orphans are free memory like any other: within the device's retain.
+        let mut held: usize = o.iter().map(|x| x.0.size).sum();
+        while held > self.retain && !o.is_empty() {
+            let old = o.remove(0);
+            held -= old.0.size;
+            self.release_orphan(old);
+        }
     }
 }
 
@@ -372,8 +441,54 @@ mod tests {
         s1.free(small).unwrap();
         let y = g.pool_for(0x80).unwrap().alloc(40 << 20).unwrap().ptr;
         assert_eq!(y, x);
-        assert_eq!(g.pools().len(), 3);
+        // s1 holds nothing any more: the new stream 0x80 got it, recycled.
+        assert_eq!(g.pools().len(), 2);
+        assert!(std::ptr::eq(g.pool_for(0x80).unwrap(), s1));
         g.pool_for(0x80).unwrap().free(y).unwrap();
+    }
+
+    /// Issue 9, defect 7: retired streams neither pin memory nor pile up pools.
+    #[test]
+    fn retired_streams_return_memory_and_pools_stay_bounded() {
+        let g = group(None);
+        for i in 0..2000usize {
+            let s = 0x10_000 + i * 0x100;
+            let p = g.pool_for(s).unwrap();
+            let a = p.alloc(1000).unwrap().ptr;
+            let b = p.alloc(5 << 20).unwrap().ptr;
+            p.free(a).unwrap();
+            if i % 2 == 0 {
+                p.free(b).unwrap();
+                assert!(g.retire(s));
+            } else {
+                // Retired while a block is live; freed afterwards.
+                assert!(g.retire(s));
+                p.free(b).unwrap();
+            }
+        }
+        assert!(
+            g.pools().len() <= 3,
+            "{} pools for 2000 retired streams",
+            g.pools().len()
+        );
+        let m = g.stats.mapped.load(Ordering::Relaxed);
+        assert!(m <= 2 * crate::pool::ARENA, "{} MiB mapped", m >> 20);
+        assert_eq!(g.trim(), m);
+        assert_eq!(g.stats.mapped.load(Ordering::Relaxed), 0);
+    }
+
+    /// Issue 9, defect 3: empty slabs of many streams do not make a false out-of-memory.
+    #[test]
+    fn empty_slabs_of_other_streams_make_room_under_the_limit() {
+        let g = group(Some(1 << 30));
+        for i in 0..40usize {
+            let p = g.pool_for(0x900 + i * 0x10).unwrap();
+            let a = p
+                .alloc(1000)
+                .unwrap_or_else(|e| panic!("stream {i}: {}", e.msg));
+            p.free(a.ptr).unwrap();
+        }
+        assert!(g.stats.mapped.load(Ordering::Relaxed) <= 1 << 30);
     }
 
     #[test]

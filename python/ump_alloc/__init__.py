@@ -47,7 +47,8 @@ __all__ = [
     "error_count",
     "mode",
     "alignment",
-        "trim",
+    "block_alignment",
+    "trim",
     "version",
     "stats",
     "reset_peak",
@@ -76,6 +77,20 @@ def mode() -> str:
 def alignment() -> int:
     """Alignment of every block in bytes."""
     return int(_lib.lib().ump_alignment())
+
+
+def block_alignment(nbytes: int) -> int:
+    """The alignment of a NumPy array (or ``ump_malloc`` block) of ``nbytes`` bytes: the
+    configured :func:`alignment` for blocks at least that large; a smaller block gets the
+    natural alignment of its size class (the largest power of two dividing the class size, at
+    least 16), so that small arrays do not pay for a GPU-sized alignment. CuPy and PyTorch
+    blocks always get the full alignment."""
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, not {nbytes}")
+    a = int(_lib.lib().ump_block_alignment(int(nbytes)))
+    if a == 0:
+        raise UmpError(last_error() or "ump_block_alignment failed", _lib.ERR_CONFIG)
+    return a
 
 
 def error_count() -> int:

@@ -13,9 +13,23 @@ pub mod torch;
 use crate::error::{self, Error, Status};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+/// The panic hook of this library (its own copy of std, so the hook is ours alone): a panic
+/// is a bug that the boundary turns into `UMP_ERR_INTERNAL` with the message in
+/// `ump_last_error()`, so nothing is printed on the host program's stderr. Installed on the
+/// first call through the boundary; Rust unit tests of this crate keep the default hook.
+static PANIC_HOOK: std::sync::Once = std::sync::Once::new();
+
+fn install_panic_hook() {
+    if cfg!(test) {
+        return;
+    }
+    std::panic::set_hook(Box::new(|_| {}));
+}
+
 /// Run `f`; if it panics, record an internal error for `name` and return `on_panic`.
 #[inline]
 pub(crate) fn guard<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
+    PANIC_HOOK.call_once(install_panic_hook);
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(payload) => {
@@ -24,9 +38,11 @@ pub(crate) fn guard<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
+            // Rust's own panic messages may already start with "internal error: ".
+            let what = what.strip_prefix("internal error: ").unwrap_or(&what);
             error::report(&Error::new(
                 Status::UMP_ERR_INTERNAL,
-                format!("{name}: internal error: {what}"),
+                format!("{name}: internal error (a bug in ump-alloc, please report it): {what}"),
             ));
             on_panic
         }

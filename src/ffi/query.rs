@@ -13,6 +13,8 @@ use std::sync::atomic::Ordering;
 /// Most devices `ump_capabilities` describes.
 pub const UMP_MAX_DEVICES: usize = 16;
 
+const _: () = assert!(crate::stats::STATS_DEVICES == UMP_MAX_DEVICES);
+
 /// Version of `ump_capabilities`.
 pub const UMP_CAPABILITIES_VERSION: u32 = 1;
 /// Version of `ump_identity`.
@@ -211,6 +213,28 @@ pub extern "C" fn ump_alignment() -> usize {
         Some(a) => a.alignment,
         None => allocator::env_config().map_or(0, |c| c.alignment),
     })
+}
+
+/// The alignment `ump_malloc(size)` (and calloc, realloc) guarantees for a block of `size`
+/// bytes: `ump_alignment()` for blocks of at least that size; a smaller block gets the
+/// natural alignment of its size class instead (the largest power of two dividing the class
+/// size, at least 16: 64 for 64 bytes, 16 for 40 bytes), so that small arrays do not pay for
+/// a GPU-sized alignment. Device-side blocks (`ump_cupy_malloc`, `ump_torch_malloc`) always get
+/// `ump_alignment()`. Initialises the allocator; returns 0 when the configuration is invalid
+/// (see `ump_init`).
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_block_alignment(size: usize) -> usize {
+    guard(
+        "ump_block_alignment",
+        0,
+        || match allocator::block_alignment(size) {
+            Ok(a) => a,
+            Err(e) => {
+                error::report(&e.context("ump_block_alignment"));
+                0
+            }
+        },
+    )
 }
 
 /// The mode in force, or `UMP_MODE_UNSET` before initialisation.

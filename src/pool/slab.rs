@@ -1,202 +1,420 @@
 //! Slabs: spans cut into equal slots of one size class, for requests up to `SMALL_MAX`.
+//!
+//! Each slab keeps its own free slots (mimalloc's pages): a stack of freed slot indices and a
+//! bump index below which every slot has been handed out once. A class keeps the list of its
+//! slabs that have free slots (`partial`), so an allocation takes from a slab in O(1), and a
+//! slab whose slots have all come back is seen at once: it is kept for reuse (one per class,
+//! within the pool's `retain`) or goes back to the span allocator, from where its chunk may go
+//! back to the backing.
+//!
+//! **Lock-free free.** A free finds the slab through the registry without a lock and swaps its
+//! slot's word to 0; the slot goes back to its slab under the class lock afterwards. A slot
+//! word is `requested + 1` while handed out and 0 otherwise, so a second free of the same slot
+//! always finds 0 and is refused. A slab descriptor may have been recycled for another range
+//! between the registry read and the swap: the free then checks the address against the
+//! descriptor's current range and refuses it when it does not belong there. Slab and span
+//! states change only under the large lock (see `span`), so a free of a slab's start address
+//! that reaches the span path while the slab is being made or released is refused too.
 
-use super::tcache::TCACHE_BATCH;
+use super::tcache::{self, Slot};
 use super::*;
+use std::sync::atomic::AtomicU32;
 
 /// Descriptor of a slab: a span cut into equal slots of one class.
 pub struct Slab {
     pub(super) pool: &'static Pool,
     pub(super) class: usize,
     pub(super) slot: usize,
-    pub(super) nslots: usize,
+    nslots: usize,
+    /// Index of this descriptor's state in its class (fixed for the descriptor's life).
+    id: usize,
     pub(super) base: AtomicUsize,
-    pub(super) span: AtomicUsize,
+    span: AtomicUsize,
     /// Reciprocal of `slot` for division by multiplication: `idx = off * magic >> 64`.
-    pub(super) magic: u64,
-    /// One byte per slot: 1 while the slot is handed out. A byte (not a bit) so that handing
-    /// a slot out is a plain store; freeing swaps, so a double free is always seen.
-    pub(super) state: Box<[AtomicU8]>,
-    /// Requested bytes per live slot.
-    pub(super) sizes: Box<[AtomicU32]>,
-    pub(super) live: AtomicUsize,
+    magic: u64,
+    /// Per slot: requested bytes + 1 while handed out, 0 otherwise.
+    words: Box<[AtomicU32]>,
 }
 
 impl Slab {
     /// Slot index of byte offset `off` (exact for offsets below 2^32).
     #[inline]
-    pub(super) fn slot_of(&self, off: usize) -> usize {
+    fn slot_of(&self, off: usize) -> usize {
         ((off as u128 * self.magic as u128) >> 64) as usize
     }
 
-    pub(super) fn span(&self) -> &'static Span {
-        // SAFETY: `span` always holds a pointer to a leaked, never-freed Span descriptor.
+    fn span(&self) -> &'static Span {
+        // SAFETY: `span` holds a pointer to a leaked, never-freed Span descriptor while the
+        // slab is installed (and it is read only then).
         unsafe { &*(self.span.load(Ordering::Acquire) as *const Span) }
+    }
+
+    fn bytes(&self) -> usize {
+        self.nslots * self.slot
+    }
+
+    /// The live block containing `addr`, if this slab holds one there now.
+    #[inline]
+    pub(super) fn lookup(&'static self, addr: usize) -> Option<BlockInfo> {
+        let base = self.base.load(Ordering::Acquire);
+        let off = addr.checked_sub(base)?;
+        if off >= self.bytes() {
+            return None;
+        }
+        let idx = self.slot_of(off);
+        let w = self.words[idx].load(Ordering::Acquire);
+        if w == 0 {
+            return None;
+        }
+        Some(BlockInfo {
+            pool: self.pool,
+            base: base + idx * self.slot,
+            size: w as usize - 1,
+            capacity: self.slot,
+        })
+    }
+
+    /// Record a new requested size for the live block at `base`.
+    pub(super) fn resize(&self, base: usize, n: usize) -> bool {
+        let off = base.wrapping_sub(self.base.load(Ordering::Acquire));
+        if off >= self.bytes() {
+            return false;
+        }
+        let w = &self.words[self.slot_of(off)];
+        if w.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        w.store(n as u32 + 1, Ordering::Release);
+        true
     }
 }
 
+/// Where a slab descriptor is in its class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    /// In use, with free slots: `partial[i]`.
+    Partial(usize),
+    /// In use, every slot out.
+    Full,
+    /// Every slot free, kept for reuse: `empty[i]`.
+    Empty(usize),
+    /// No span: waiting in `spare` for reuse.
+    Spare,
+}
+
+/// What a class knows of one of its slab descriptors (under the class lock).
+struct SlabState {
+    desc: &'static Slab,
+    /// Freed slot indices below `bump`.
+    free: Vec<u16>,
+    /// Slots at or past `bump` were never handed out since the slab was made.
+    bump: usize,
+    /// Slots out of the slab: handed out or in a thread cache.
+    out: usize,
+    at: At,
+}
+
+impl SlabState {
+    fn free_slots(&self) -> usize {
+        self.free.len() + (self.desc.nslots - self.bump)
+    }
+}
+
+/// One size class of a pool: its slab descriptors and which of them have free slots.
 #[derive(Default)]
-pub(super) struct ClassState {
-    /// Free slots, most recently freed last.
-    pub(super) free: Vec<(&'static Slab, u32)>,
-    /// Every slab of the class that is in use.
-    pub(super) slabs: Vec<&'static Slab>,
-    /// Recycled descriptors.
-    pub(super) spare: Vec<&'static Slab>,
+pub(crate) struct ClassState {
+    slabs: Vec<SlabState>,
+    partial: Vec<usize>,
+    empty: Vec<usize>,
+    spare: Vec<usize>,
+    /// Free slots in slabs in use (partial and empty).
+    free: usize,
+}
+
+impl ClassState {
+    /// Free slots held by the class (not counting thread caches).
+    pub(super) fn free_slots(&self) -> usize {
+        self.free
+    }
+
+    /// Take slab `id` out of whichever list holds it (partial or empty); it is then `Full`.
+    fn unlist(&mut self, id: usize) {
+        let (i, partial) = match self.slabs[id].at {
+            At::Partial(i) => (i, true),
+            At::Empty(i) => (i, false),
+            At::Full | At::Spare => return,
+        };
+        let list = if partial {
+            &mut self.partial
+        } else {
+            &mut self.empty
+        };
+        list.swap_remove(i);
+        if let Some(&moved) = list.get(i) {
+            self.slabs[moved].at = if partial {
+                At::Partial(i)
+            } else {
+                At::Empty(i)
+            };
+        }
+        self.slabs[id].at = At::Full;
+    }
+
+    fn push_partial(&mut self, id: usize) {
+        self.partial.push(id);
+        self.slabs[id].at = At::Partial(self.partial.len() - 1);
+    }
+
+    /// Take up to `want` free slots, from partial slabs first, then a kept empty slab.
+    /// Returns the slots and the bytes of empty slabs brought back into use.
+    fn take(&mut self, want: usize, out: &mut Vec<Slot>) -> usize {
+        let mut revived = 0;
+        while out.len() < want {
+            let id = match self.partial.last() {
+                Some(&id) => id,
+                None => match self.empty.last() {
+                    Some(&id) => {
+                        self.unlist(id);
+                        revived += self.slabs[id].desc.bytes();
+                        self.push_partial(id);
+                        id
+                    }
+                    None => break,
+                },
+            };
+            let st = &mut self.slabs[id];
+            while out.len() < want {
+                let idx = match st.free.pop() {
+                    Some(i) => i as usize,
+                    None if st.bump < st.desc.nslots => {
+                        st.bump += 1;
+                        st.bump - 1
+                    }
+                    None => break,
+                };
+                st.out += 1;
+                self.free -= 1;
+                out.push((st.desc, idx as u32));
+            }
+            if self.slabs[id].free_slots() == 0 {
+                self.unlist(id);
+            }
+        }
+        revived
+    }
+
+    /// Put slot `idx` back into its slab. Returns true when the slab is now wholly free (the
+    /// caller decides whether to keep it); it is then out of the partial list.
+    fn give(&mut self, id: usize, idx: u32) -> bool {
+        let st = &mut self.slabs[id];
+        debug_assert!(st.out > 0 && !matches!(st.at, At::Spare));
+        st.free.push(idx as u16);
+        st.out -= 1;
+        self.free += 1;
+        if self.slabs[id].out == 0 {
+            self.unlist(id);
+            return true;
+        }
+        if self.slabs[id].at == At::Full {
+            self.push_partial(id);
+        }
+        false
+    }
 }
 
 impl Pool {
-    // ---- small blocks ------------------------------------------------------------------
-
+    /// Allocate `n <= SMALL_MAX` bytes from the class that serves it, counted in use.
     #[inline]
     pub(super) fn alloc_small(&'static self, n: usize) -> Result<Alloc> {
         let ci = self.table.class_of(n);
-        let cached = with_tcache(self, |tc| tc.pop(ci)).flatten();
-        let (slab, idx) = match cached {
+        let (slab, idx) = match tcache::pop(self, ci, n) {
             Some(x) => x,
             None => {
                 let x = self.refill(ci)?;
-                self.stats.allocs.fetch_add(1, Ordering::Relaxed);
+                self.stats.add_in_use(n);
                 x
             }
         };
         let i = idx as usize;
-        slab.sizes[i].store(n as u32, Ordering::Relaxed);
-        slab.state[i].store(1, Ordering::Release);
+        slab.words[i].store(n as u32 + 1, Ordering::Release);
         let ptr = slab.base.load(Ordering::Relaxed) + i * slab.slot;
         Ok(Alloc { ptr, zeroed: false })
     }
 
-    /// Slow path of a small allocation: take slots from the class under its lock (growing the
-    /// class when it has none), one to return and a batch for this thread's cache.
-    pub(super) fn refill(&'static self, ci: usize) -> Result<(&'static Slab, u32)> {
-        let mut st = lock(&self.classes[ci]);
-        if st.free.is_empty() {
-            // Counts a hit (span reused) or a miss (chunk mapped) for this allocation.
-            self.grow_class(ci, &mut st)?;
+    /// Slow path of a small allocation: take slots from the class under its lock, one to
+    /// return and a batch for this thread's cache. When the class has none, a new slab is cut
+    /// from a span taken with no class lock held (so that an out-of-memory retry may reclaim
+    /// every cache and slab of the pool).
+    fn refill(&'static self, ci: usize) -> Result<Slot> {
+        let extra = if tcache::ensure(self) {
+            tcache::fill(self, ci)
         } else {
-            self.stats.hits.fetch_add(1, Ordering::Relaxed);
-        }
-        let caching = ensure_tcache(self);
-        let take = if caching {
-            st.free.len().min(TCACHE_BATCH)
-        } else {
-            1
+            0
         };
-        let keep = st.free.len() - take;
-        let batch = st.free.split_off(keep);
-        // `live` counts slots outside the class list (handed out or in a thread cache); it
-        // changes only under the class lock, so trim never takes a slab that has one out.
-        for (slab, _) in &batch {
-            slab.live.fetch_add(1, Ordering::Relaxed);
+        let mut got = Vec::with_capacity(1 + extra);
+        let hit = {
+            let mut st = lock(&self.classes[ci]);
+            self.take_slots(&mut st, 1 + extra, &mut got);
+            !got.is_empty()
+        };
+        if hit {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // Counts a hit (span reused) or a miss (chunk mapped) for this allocation.
+            let span = self.take_span(self.table.slab_bytes[ci], span::SPAN_SLAB)?;
+            let mut st = lock(&self.classes[ci]);
+            self.install_slab(&mut st, ci, span);
+            self.take_slots(&mut st, 1 + extra, &mut got);
         }
-        drop(st);
-        let mut batch = batch;
-        let one = batch.pop().expect("at least one free slot");
-        if !batch.is_empty() {
-            with_tcache(self, |tc| tc.bins[ci].extend(batch));
+        self.stats.allocs.fetch_add(1, Ordering::Relaxed);
+        let one = got.pop().expect("a new slab has free slots");
+        if !got.is_empty() {
+            let rest = tcache::stash(self, ci, got);
+            if !rest.is_empty() {
+                self.return_slots(ci, rest);
+            }
         }
         Ok(one)
     }
 
-    /// Return slots to their class lists (thread-cache flush).
-    pub(super) fn return_slots(
-        &'static self,
-        ci: usize,
-        slots: impl Iterator<Item = (&'static Slab, u32)>,
-    ) {
-        let mut st = lock(&self.classes[ci]);
-        for (slab, idx) in slots {
-            slab.live.fetch_sub(1, Ordering::Relaxed);
-            st.free.push((slab, idx));
+    fn take_slots(&'static self, st: &mut ClassState, want: usize, out: &mut Vec<Slot>) {
+        let revived = st.take(want, out);
+        if revived > 0 {
+            self.kept_slabs.fetch_sub(revived, Ordering::Relaxed);
         }
     }
 
-    pub(super) fn grow_class(&'static self, ci: usize, st: &mut ClassState) -> Result<()> {
-        let bytes = self.table.slab_bytes[ci];
+    /// Make `span` (state SLAB, from `take_span`) a slab of class `ci`, with every slot free.
+    fn install_slab(&'static self, st: &mut ClassState, ci: usize, span: &'static Span) {
         let slot = self.table.sizes[ci];
+        let bytes = self.table.slab_bytes[ci];
         let nslots = bytes / slot;
-        let span = self.take_span(bytes)?;
-        let slab = st.spare.pop().unwrap_or_else(|| {
-            Box::leak(Box::new(Slab {
-                pool: self,
-                class: ci,
-                slot,
-                nslots,
-                base: AtomicUsize::new(0),
-                span: AtomicUsize::new(0),
-                magic: (u64::MAX / slot as u64) + 1,
-                state: (0..nslots).map(|_| AtomicU8::new(0)).collect(),
-                sizes: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
-                live: AtomicUsize::new(0),
-            }))
-        });
-        let start = span.start.load(Ordering::Relaxed);
-        slab.base.store(start, Ordering::Release);
-        slab.span
+        let id = match st.spare.pop() {
+            Some(id) => id,
+            None => {
+                let id = st.slabs.len();
+                let desc: &'static Slab = Box::leak(Box::new(Slab {
+                    pool: self,
+                    class: ci,
+                    slot,
+                    nslots,
+                    id,
+                    base: AtomicUsize::new(0),
+                    span: AtomicUsize::new(0),
+                    magic: (u64::MAX / slot as u64) + 1,
+                    words: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
+                }));
+                st.slabs.push(SlabState {
+                    desc,
+                    free: Vec::new(),
+                    bump: 0,
+                    out: 0,
+                    at: At::Spare,
+                });
+                id
+            }
+        };
+        let desc = st.slabs[id].desc;
+        let start = span.start();
+        desc.base.store(start, Ordering::Release);
+        desc.span
             .store(span as *const Span as usize, Ordering::Release);
-        span.state.store(SPAN_SLAB, Ordering::Release);
-        span.dirty.store(true, Ordering::Relaxed);
-        registry::set_range(start, bytes, slab as *const Slab as usize | TAG_SLAB);
-        st.slabs.push(slab);
-        st.free.reserve(nslots);
-        // Lowest addresses pop first.
-        st.free.extend((0..nslots as u32).rev().map(|i| (slab, i)));
-        Ok(())
+        let s = &mut st.slabs[id];
+        s.free.clear();
+        s.bump = 0;
+        s.out = 0;
+        st.free += nslots;
+        st.push_partial(id);
+        // The span's range was reserved when its chunk was mapped.
+        registry::set_range(start, bytes, desc as *const Slab as usize | TAG_SLAB);
     }
 
+    /// Free the small block at `ptr` of slab `s` (found through the registry, no lock held),
+    /// counted out of use. Returns its requested size.
     #[inline]
     pub(super) fn free_small(&'static self, s: &'static Slab, ptr: usize) -> Result<usize> {
-        let off = ptr - s.base.load(Ordering::Acquire);
+        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
+        if off >= s.bytes() {
+            // The descriptor moved on to another range since the registry was read.
+            return Err(Error::not_ours(format!("{ptr:#x} is not a live block")));
+        }
         let idx = s.slot_of(off);
-        if idx * s.slot != off || idx >= s.nslots {
+        if idx * s.slot != off {
             return Err(Error::not_ours(format!(
                 "{ptr:#x} points inside a block, not at its start"
             )));
         }
-        if s.state[idx].swap(0, Ordering::AcqRel) == 0 {
+        let w = s.words[idx].swap(0, Ordering::AcqRel);
+        if w == 0 {
             return Err(double_free(ptr));
         }
-        let n = s.sizes[idx].load(Ordering::Relaxed) as usize;
-        // Only a cache made by an allocation on this thread is used: a free never makes one.
-        let cached = with_tcache(self, |tc| tc.push(self, s, idx as u32)).is_some();
-        if !cached {
+        let n = w as usize - 1;
+        if !tcache::push(self, s.class, (s, idx as u32), n) {
             self.return_slots(s.class, std::iter::once((s, idx as u32)));
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
+            self.stats.sub_in_use(n);
         }
         Ok(n)
     }
 
-    /// Give every empty slab back to the span allocator. Returns bytes released to spans.
-    pub(super) fn trim_slabs(&'static self) -> usize {
-        with_tcache(self, |tc| tc.flush(self));
-        let mut released = 0;
-        for cls in self.classes.iter() {
-            let mut st = lock(cls);
-            let empty: Vec<&'static Slab> = st
-                .slabs
-                .iter()
-                .copied()
-                .filter(|s| s.live.load(Ordering::Acquire) == 0)
-                .collect();
-            if empty.is_empty() {
-                continue;
-            }
-            st.free.retain(|(s, _)| s.live.load(Ordering::Acquire) != 0);
-            st.slabs.retain(|s| s.live.load(Ordering::Acquire) != 0);
-            for s in empty {
-                let span = s.span();
-                let len = span.len.load(Ordering::Relaxed);
-                registry::set_range(
-                    span.start.load(Ordering::Relaxed),
-                    len,
-                    span as *const Span as usize | TAG_SPAN,
-                );
-                span.state.store(SPAN_USED, Ordering::Release);
-                released += len;
-                self.release_span(span);
-                st.spare.push(s);
+    /// Return free slots to their slabs; slabs that become wholly free are kept (one per
+    /// class, within `retain`) or go back to the span allocator.
+    pub(super) fn return_slots(&'static self, ci: usize, slots: impl IntoIterator<Item = Slot>) {
+        let mut st = lock(&self.classes[ci]);
+        for (slab, idx) in slots {
+            if st.give(slab.id, idx) && !self.keep_empty(&mut st, slab) {
+                self.release_slab(&mut st, slab.id);
             }
         }
-        released
+    }
+
+    /// Keep wholly free slab `slab` for reuse, when the pool's budget allows: a class keeps
+    /// one, the one that emptied last (an older one sits in memory more likely to be idle
+    /// otherwise, so it goes back). Returns whether `slab` was kept.
+    fn keep_empty(&'static self, st: &mut ClassState, slab: &'static Slab) -> bool {
+        if let Some(&old) = st.empty.last() {
+            st.unlist(old);
+            self.kept_slabs
+                .fetch_sub(st.slabs[old].desc.bytes(), Ordering::Relaxed);
+            self.release_slab(st, old);
+        }
+        let bytes = slab.bytes();
+        if self.is_retired() || self.kept_slabs.load(Ordering::Relaxed) + bytes > self.retain / 2 {
+            return false;
+        }
+        self.kept_slabs.fetch_add(bytes, Ordering::Relaxed);
+        st.empty.push(slab.id);
+        st.slabs[slab.id].at = At::Empty(st.empty.len() - 1);
+        true
+    }
+
+    /// Give slab `id` (wholly free, in no list) back to the span allocator.
+    fn release_slab(&'static self, st: &mut ClassState, id: usize) {
+        let s = &mut st.slabs[id];
+        debug_assert_eq!(s.out, 0);
+        let n = s.desc.nslots;
+        s.at = At::Spare;
+        s.free.clear();
+        s.bump = 0;
+        let span = s.desc.span();
+        st.free -= n;
+        st.spare.push(id);
+        // The registry still points at the slab, whose slot words are all 0: a stale free
+        // meanwhile is refused as a double free. The class lock is held until the span is
+        // back, so the descriptor is not reused before then.
+        self.release_slab_span(span);
+    }
+
+    /// Give every kept empty slab back to the span allocator.
+    pub(super) fn release_empty_slabs(&'static self) {
+        for ci in 0..self.classes.len() {
+            let mut st = lock(&self.classes[ci]);
+            while let Some(&id) = st.empty.last() {
+                st.unlist(id);
+                self.kept_slabs
+                    .fetch_sub(st.slabs[id].desc.bytes(), Ordering::Relaxed);
+                self.release_slab(&mut st, id);
+            }
+        }
     }
 }

@@ -1,98 +1,174 @@
 //! Spans: granule-aligned ranges of chunks, handed out by best fit with splitting and
 //! coalescing, the exact-size list, and the chunks' way back to the backing.
+//!
+//! Every change of a span's state happens under the pool's large lock: a span becomes a slab
+//! (`SPAN_SLAB`) inside `take_span`, and a released slab becomes a free span inside
+//! `release_slab_span`. A free that reaches a span therefore sees a consistent state: only a
+//! `SPAN_USED` span whose start is the pointer is freed, exactly once.
 
 use super::*;
+use crate::backing::HUGEPAGE_MIN;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU8};
+
+pub(super) const SPAN_FREE: u8 = 0;
+pub(super) const SPAN_USED: u8 = 1;
+pub(super) const SPAN_SLAB: u8 = 2;
+/// Freed, kept whole in the exact-size list (not in the free set, never merged).
+const SPAN_CACHED: u8 = 3;
+
+/// Freed spans kept whole for reuse by a request of exactly their length (PyTorch's and
+/// CuPy's common case: the same shapes every iteration). Bounded; the oldest is merged into
+/// the free set when it overflows, and all are whenever a request finds nothing else.
+const QUICK_MAX: usize = 32;
+/// Most bytes the exact-size list holds (and, with idle chunks and kept slabs, never more
+/// than the pool's `retain`).
+const QUICK_MAX_BYTES: usize = 256 << 20;
 
 /// Descriptor of a span: a granule-aligned range inside one chunk.
 pub struct Span {
     pub(super) pool: &'static Pool,
-    pub(super) start: AtomicUsize,
-    pub(super) len: AtomicUsize,
-    pub(super) state: AtomicU8,
+    start: AtomicUsize,
+    len: AtomicUsize,
+    state: AtomicU8,
     /// Requested bytes while used.
     pub(super) req: AtomicUsize,
-    pub(super) chunk_base: AtomicUsize,
-    pub(super) chunk_len: AtomicUsize,
+    chunk_base: AtomicUsize,
+    chunk_len: AtomicUsize,
     /// Whether the span may hold non-zero bytes (false only for never-used backing memory
     /// that reads as zero).
-    pub(super) dirty: AtomicBool,
+    dirty: AtomicBool,
 }
 
+impl Span {
+    pub(super) fn start(&self) -> usize {
+        self.start.load(Ordering::Acquire)
+    }
+
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    fn key(&self) -> (usize, usize) {
+        (self.len(), self.start())
+    }
+
+    fn is_whole_chunk(&self) -> bool {
+        self.start() == self.chunk_base.load(Ordering::Relaxed)
+            && self.len() == self.chunk_len.load(Ordering::Relaxed)
+    }
+
+    /// The live block containing `addr`, if this span is one now.
+    #[inline]
+    pub(super) fn lookup(&'static self, addr: usize) -> Option<BlockInfo> {
+        if self.state.load(Ordering::Acquire) != SPAN_USED {
+            return None;
+        }
+        let start = self.start();
+        let len = self.len();
+        if addr < start || addr >= start + len {
+            return None;
+        }
+        Some(BlockInfo {
+            pool: self.pool,
+            base: start,
+            size: self.req.load(Ordering::Relaxed),
+            capacity: len,
+        })
+    }
+}
+
+/// The large-block state of a pool (under its large lock).
 #[derive(Default)]
-pub(super) struct Large {
-    /// Free spans keyed by (length, start).
-    pub(super) free: BTreeSet<(usize, usize)>,
-    pub(super) chunks: Vec<Chunk>,
-    pub(super) spare: Vec<&'static Span>,
-    /// Bytes in free spans that cover a whole chunk (what can go back to the backing).
-    pub(super) idle: usize,
+pub(crate) struct Large {
+    /// Free spans by (length, start).
+    free: BTreeMap<(usize, usize), &'static Span>,
+    free_bytes: usize,
+    /// The wholly free chunks among `free` (what can go back to the backing).
+    idle: BTreeMap<(usize, usize), &'static Span>,
+    idle_bytes: usize,
+    /// Chunks of this pool by base.
+    chunks: BTreeMap<usize, Chunk>,
+    spare: Vec<&'static Span>,
     /// Stream-ordered pools only: for each wholly free chunk (by base), the event recorded on
     /// the pool's stream when it fell idle. Another stream may use the chunk once it waits
     /// for the event; this stream may use it at once.
-    pub(super) events: Vec<(usize, cuda::Event)>,
+    events: Vec<(usize, cuda::Event)>,
     /// The exact-size list (oldest first): spans in state CACHED.
-    pub(super) quick: std::collections::VecDeque<&'static Span>,
-    pub(super) quick_bytes: usize,
+    quick: VecDeque<&'static Span>,
+    quick_bytes: usize,
 }
 
-/// Where a live block is, as the registry and descriptors say.
-impl Pool {
-    // ---- large blocks ------------------------------------------------------------------
+impl Large {
+    /// Free bytes in spans and the exact-size list.
+    pub(super) fn free_bytes(&self) -> usize {
+        self.free_bytes + self.quick_bytes
+    }
 
+    fn take_event(&mut self, base: usize) -> Option<cuda::Event> {
+        let i = self.events.iter().position(|e| e.0 == base)?;
+        Some(self.events.swap_remove(i).1)
+    }
+}
+
+impl Pool {
     pub(super) fn alloc_large(&'static self, n: usize) -> Result<Alloc> {
         let len = n.next_multiple_of(GRANULE);
-        let span = self.take_span(len)?;
-        span.req.store(n, Ordering::Relaxed);
+        let span = self.take_span_for(len, SPAN_USED, n)?;
         let zeroed = !span.dirty.swap(true, Ordering::Relaxed);
-        let start = span.start.load(Ordering::Relaxed);
-
-        Ok(Alloc { ptr: start, zeroed })
+        Ok(Alloc {
+            ptr: span.start(),
+            zeroed,
+        })
     }
 
     pub(super) fn free_large(&'static self, sp: &'static Span, ptr: usize) -> Result<usize> {
         let mut lg = lock(&self.large);
-        let state = sp.state.load(Ordering::Acquire);
-        let start = sp.start.load(Ordering::Acquire);
-        if (state == SPAN_FREE || state == SPAN_CACHED)
-            && ptr >= start
-            && ptr < start + sp.len.load(Ordering::Relaxed)
-        {
-            return Err(double_free(ptr));
-        }
-        if state != SPAN_USED {
+        let start = sp.start();
+        let len = sp.len();
+        if ptr < start || ptr >= start + len {
+            // The descriptor moved on to another range since the registry was read.
             return Err(Error::not_ours(format!("{ptr:#x} is not a live block")));
         }
-        if ptr != start {
-            return Err(Error::not_ours(format!(
-                "{ptr:#x} points inside a block, not at its start"
-            )));
+        match sp.state.load(Ordering::Acquire) {
+            SPAN_USED if ptr == start => {}
+            SPAN_USED => {
+                return Err(Error::not_ours(format!(
+                    "{ptr:#x} points inside the block at {start:#x}, not at its start"
+                )));
+            }
+            SPAN_FREE | SPAN_CACHED if ptr % GRANULE == 0 => return Err(double_free(ptr)),
+            SPAN_FREE | SPAN_CACHED => {
+                return Err(Error::not_ours(format!(
+                    "{ptr:#x} points into freed memory, not at the start of a block"
+                )));
+            }
+            _ => return Err(Error::not_ours(format!("{ptr:#x} is not a live block"))),
         }
         let n = sp.req.load(Ordering::Relaxed);
-        let len = sp.len.load(Ordering::Relaxed);
-        if is_whole_chunk(sp) || len > QUICK_MAX_BYTES.min(self.retain) {
-            // A chunk of its own (the free set reuses it as cheaply, and it may go idle), or
-            // more than the list may hold.
+        if sp.is_whole_chunk() || len > QUICK_MAX_BYTES.min(self.retain) || self.is_retired() {
+            // A chunk of its own (the free set reuses it as cheaply, and it may go idle), more
+            // than the list may hold, or a retired stream's block (its chunk must fall idle).
             sp.state.store(SPAN_FREE, Ordering::Release);
             self.insert_free(&mut lg, sp);
-            self.maybe_release(&mut lg);
         } else {
             sp.state.store(SPAN_CACHED, Ordering::Release);
             lg.quick.push_back(sp);
             lg.quick_bytes += len;
-            while lg.quick.len() > QUICK_MAX || lg.quick_bytes > QUICK_MAX_BYTES.min(self.retain) {
+            while lg.quick.len() > QUICK_MAX || lg.quick_bytes > QUICK_MAX_BYTES {
                 let old = lg.quick.pop_front().expect("non-empty");
                 self.uncache(&mut lg, old);
             }
         }
+        self.enforce_retain(&mut lg);
         Ok(n)
     }
 
     /// Move a span from the exact-size list into the free set (merging it).
-    pub(super) fn uncache(&'static self, lg: &mut Large, sp: &'static Span) {
-        lg.quick_bytes -= sp.len.load(Ordering::Relaxed);
+    fn uncache(&'static self, lg: &mut Large, sp: &'static Span) {
+        lg.quick_bytes -= sp.len();
         sp.state.store(SPAN_FREE, Ordering::Release);
         self.insert_free(lg, sp);
-        self.maybe_release(lg);
     }
 
     /// Merge every span of the exact-size list into the free set. Returns whether any was.
@@ -104,74 +180,103 @@ impl Pool {
         any
     }
 
-    /// Return a used (not slab) span to the free set, under the large lock.
-    pub(super) fn release_span(&'static self, sp: &'static Span) {
+    /// Keep the free memory the pool holds (free spans, the exact-size list, kept slabs)
+    /// within `retain`: wholly free chunks go back first, largest first; then the oldest
+    /// exact-size spans are merged into the free set (which may make more chunks wholly free).
+    /// What remains above `retain` is free space inside chunks that still hold live blocks.
+    fn enforce_retain(&'static self, lg: &mut Large) {
+        let budget = self
+            .retain
+            .saturating_sub(self.kept_slabs.load(Ordering::Relaxed));
+        while lg.free_bytes + lg.quick_bytes > budget {
+            if let Some(&sp) = lg.idle.values().next_back() {
+                self.release_chunk(lg, sp);
+            } else if let Some(old) = lg.quick.pop_front() {
+                self.uncache(lg, old);
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// A released slab's span (state SLAB) becomes a free span again.
+    pub(super) fn release_slab_span(&'static self, sp: &'static Span) {
         let mut lg = lock(&self.large);
+        // Back to the span descriptor first: from here on a free that reaches this range
+        // takes the span path and sees a free span.
+        registry::set_range(sp.start(), sp.len(), sp as *const Span as usize | TAG_SPAN);
         sp.state.store(SPAN_FREE, Ordering::Release);
         self.insert_free(&mut lg, sp);
-        self.maybe_release(&mut lg);
+        self.enforce_retain(&mut lg);
     }
 
-    /// Take a span of exactly `len` bytes (granule multiple), mapping a chunk if needed.
-    /// The span comes back in state USED (so no concurrent free merges it), with the registry
-    /// pointing at it. A stream-ordered pool that has nothing free that fits first adopts a
-    /// wholly free chunk of another stream of its device (ordered after that stream's work)
-    /// before it maps a new one.
-    pub(super) fn take_span(&'static self, len: usize) -> Result<&'static Span> {
+    /// Take a span of exactly `len` bytes (granule multiple) in state `state` (USED or SLAB),
+    /// mapping a chunk if needed. The span comes back with the registry pointing at it. A
+    /// stream-ordered pool that has nothing free that fits first adopts a wholly free chunk of
+    /// another stream of its device (ordered after that stream's work) before it maps a new
+    /// one. When memory is short (the limit or the backing), everything the pool (or the
+    /// device's pools) holds idle is given back once and the request tried again.
+    pub(super) fn take_span(&'static self, len: usize, state: u8) -> Result<&'static Span> {
+        self.take_span_for(len, state, 0)
+    }
+
+    fn take_span_for(&'static self, len: usize, state: u8, req: usize) -> Result<&'static Span> {
         let chunk_len = if len >= ARENA / 2 { len } else { ARENA };
-        if let Some(g) = self.group {
-            {
-                let mut lg = lock(&self.large);
-                if let Some(sp) = self.take_fit(&mut lg, len) {
-                    return Ok(self.finish_take(&mut lg, sp, len));
+        let mut retried = false;
+        loop {
+            if let Some(g) = self.group {
+                {
+                    let mut lg = lock(&self.large);
+                    if let Some(sp) = self.take_fit(&mut lg, len) {
+                        return Ok(self.finish_take(&mut lg, sp, len, state, req));
+                    }
+                }
+                // No lock of ours is held while other pools' locks are taken.
+                if let Some(chunk) = g.steal(self, len) {
+                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    let mut lg = lock(&self.large);
+                    lg.chunks.insert(chunk.base, chunk);
+                    let sp = self.new_span(
+                        &mut lg,
+                        chunk.base,
+                        chunk.size,
+                        (chunk.base, chunk.size),
+                        true,
+                    );
+                    return Ok(self.finish_take(&mut lg, sp, len, state, req));
+                }
+                g.make_room(chunk_len, len);
+            }
+            let mut lg = lock(&self.large);
+            if let Some(sp) = self.take_fit(&mut lg, len) {
+                return Ok(self.finish_take(&mut lg, sp, len, state, req));
+            }
+            match self.map_chunk(&mut lg, chunk_len, len) {
+                Ok(chunk) => {
+                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                    let dirty = !self.backing.fresh_is_zero();
+                    let sp = self.new_span(
+                        &mut lg,
+                        chunk.base,
+                        chunk.size,
+                        (chunk.base, chunk.size),
+                        dirty,
+                    );
+                    return Ok(self.finish_take(&mut lg, sp, len, state, req));
+                }
+                Err(e) if retried => return Err(e),
+                Err(_) => {
+                    drop(lg);
+                    self.reclaim_for_retry();
+                    retried = true;
                 }
             }
-            // Neither lock of ours is held while other pools' locks are taken.
-            if let Some(chunk) = g.steal(self, len) {
-                self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                let mut lg = lock(&self.large);
-                lg.chunks.push(chunk);
-                let sp = self.new_span(&mut lg, chunk.base, chunk.size, &chunk, true);
-                return Ok(self.finish_take(&mut lg, sp, len));
-            }
-            g.make_room(chunk_len, len);
         }
-        let mut lg = lock(&self.large);
-        let sp = match self.take_fit(&mut lg, len) {
-            Some(sp) => sp,
-            None => {
-                self.stats.misses.fetch_add(1, Ordering::Relaxed);
-                let chunk = match (self.map_chunk(&mut lg, chunk_len, len), self.group) {
-                    (Ok(c), _) => c,
-                    (Err(e), None) => return Err(e),
-                    (Err(_), Some(g)) => {
-                        // Out of memory: give back what every stream of the device holds
-                        // idle, then try once more.
-                        drop(lg);
-                        g.release_idle();
-                        lg = lock(&self.large);
-                        self.map_chunk(&mut lg, chunk_len, len)?
-                    }
-                };
-                self.new_span(
-                    &mut lg,
-                    chunk.base,
-                    chunk.size,
-                    &chunk,
-                    !self.backing.fresh_is_zero(),
-                )
-            }
-        };
-        Ok(self.finish_take(&mut lg, sp, len))
     }
 
-    /// Best fit for `len` bytes from this pool's free set, out of the set.
-    pub(super) fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<&'static Span> {
-        if let Some(i) = lg
-            .quick
-            .iter()
-            .rposition(|sp| sp.len.load(Ordering::Relaxed) == len)
-        {
+    /// Best fit for `len` bytes from this pool's free spans, out of the set.
+    fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<&'static Span> {
+        if let Some(i) = lg.quick.iter().rposition(|sp| sp.len() == len) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             let sp = lg.quick.remove(i).expect("index in range");
             lg.quick_bytes -= len;
@@ -179,44 +284,42 @@ impl Pool {
             sp.state.store(SPAN_FREE, Ordering::Release);
             return Some(sp);
         }
-        let fit = lg.free.range((len, 0)..).next().copied();
-        let (flen, fstart) = match fit {
-            Some(f) => f,
+        let sp = match lg.free.range((len, 0)..).next() {
+            Some((_, &sp)) => sp,
             None => {
                 // Merge the exact-size list and look again before mapping more memory.
                 if !self.flush_quick(lg) {
                     return None;
                 }
-                *lg.free.range((len, 0)..).next()?
+                *lg.free.range((len, 0)..).next()?.1
             }
         };
         self.stats.hits.fetch_add(1, Ordering::Relaxed);
-        lg.free.remove(&(flen, fstart));
-        let Some(Entry::Span(sp)) = entry_at(fstart) else {
-            unreachable!("free set entries are registered spans")
-        };
-        if is_whole_chunk(sp) {
-            lg.idle -= flen;
+        self.unlist_free(lg, sp);
+        if sp.is_whole_chunk() {
             // This stream may reuse its own idle chunk at once: its event is moot.
-            take_event(lg, fstart);
+            lg.take_event(sp.start());
         }
         Some(sp)
     }
 
-    /// Cut `len` bytes from free span `sp` and mark them used.
-    pub(super) fn finish_take(
+    /// Cut `len` bytes from free span `sp` (out of the set) and give them state `state`.
+    fn finish_take(
         &'static self,
         lg: &mut Large,
         sp: &'static Span,
         len: usize,
+        state: u8,
+        req: usize,
     ) -> &'static Span {
         let taken = self.split_tail(lg, sp, len);
-        taken.state.store(SPAN_USED, Ordering::Release);
+        taken.req.store(req, Ordering::Relaxed);
+        taken.state.store(state, Ordering::Release);
         // Huge pages (NumPy's default does this for blocks of 4 MiB and more): advise the whole
         // chunk the first time such a block lands in it, so reuse costs no system call.
-        if len >= crate::backing::HUGEPAGE_MIN {
+        if state == SPAN_USED && len >= HUGEPAGE_MIN {
             let base = taken.chunk_base.load(Ordering::Relaxed);
-            if let Some(c) = lg.chunks.iter_mut().find(|c| c.base == base)
+            if let Some(c) = lg.chunks.get_mut(&base)
                 && !c.advised
             {
                 c.advised = true;
@@ -226,96 +329,55 @@ impl Pool {
         taken
     }
 
-    /// Hand a wholly free chunk of at least `min` bytes (the smallest such) to another pool of
-    /// the same backing kind, with the event that orders it after this pool's stream.
-    pub(crate) fn take_idle_chunk(
-        &'static self,
-        min: usize,
-    ) -> Option<(Chunk, Option<cuda::Event>)> {
-        let mut lg = lock(&self.large);
-        self.flush_quick(&mut lg);
-        if lg.idle < min {
-            return None;
-        }
-        let (len, start) = lg
-            .free
-            .range((min, 0)..)
-            .copied()
-            .find(|&(len, start)| lg.chunks.iter().any(|c| c.base == start && c.size == len))?;
-        let Some(Entry::Span(sp)) = entry_at(start) else {
-            unreachable!("free spans are registered")
-        };
-        self.unlist_free(&mut lg, sp);
-        registry::set_range(start, len, 0);
-        let pos = lg
-            .chunks
-            .iter()
-            .position(|c| c.base == start)
-            .expect("chunk record");
-        let chunk = lg.chunks.swap_remove(pos);
-        sp.len.store(0, Ordering::Release);
-        lg.spare.push(sp);
-        let ev = take_event(&mut lg, start);
-        Some((chunk, ev))
-    }
-
-    /// Give back every wholly free chunk of this pool (waiting for its stream first).
-    pub(crate) fn release_idle(&'static self) -> usize {
-        let mut lg = lock(&self.large);
-        self.flush_quick(&mut lg);
-        self.release_free_chunks(&mut lg, 0)
-    }
-
-    /// Map a chunk of `want` bytes (falling back to `need` bytes), honouring the limit and
-    /// retrying once after giving cached chunks back.
-    pub(super) fn map_chunk(
-        &'static self,
-        lg: &mut Large,
-        want: usize,
-        need: usize,
-    ) -> Result<Chunk> {
-        let mapped = self.stats.mapped.load(Ordering::Relaxed);
-        let size = match self.limit {
-            Some(limit) if mapped + want > limit => {
-                if mapped + need > limit {
-                    self.release_free_chunks(lg, 0);
-                    let mapped = self.stats.mapped.load(Ordering::Relaxed);
-                    if mapped + need > limit {
-                        return Err(Error::oom(format!(
-                            "UMP_ALLOC_LIMIT of {limit} bytes reached ({mapped} mapped, {need} more needed)"
-                        )));
-                    }
-                }
-                need
+    /// Map a chunk of `want` bytes (or, when the limit or the backing refuses that, of `need`
+    /// bytes), honouring the limit, with the registry's range reserved for it.
+    fn map_chunk(&'static self, lg: &mut Large, want: usize, need: usize) -> Result<Chunk> {
+        let mut last = None;
+        for size in [want, need] {
+            if last.is_some() && size == want {
+                continue;
             }
-            _ => want,
-        };
-        let chunk = match self.backing.map(size) {
-            Ok(c) => c,
-            Err(_) => {
-                // Out of memory in the backing: give back what is cached and try once more,
-                // with the smallest chunk that serves the request.
-                self.release_free_chunks(lg, 0);
-                self.backing.map(need).map_err(|e| {
-                    Error::oom(format!(
-                        "cannot get {need} bytes of {} memory: {}",
+            if !self.stats.reserve_mapped(size, self.limit) {
+                let mapped = self.stats.mapped.load(Ordering::Relaxed);
+                last = Some(Error::oom(format!(
+                    "UMP_ALLOC_LIMIT of {} bytes reached ({mapped} mapped, {need} more needed)",
+                    self.limit.unwrap_or(0)
+                )));
+                continue;
+            }
+            let chunk = match self.backing.map(size) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.stats.on_unmap(size);
+                    last = Some(Error::oom(format!(
+                        "cannot get {size} bytes of {} memory: {}",
                         self.kind().name(),
                         e.msg
-                    ))
-                })?
+                    )));
+                    continue;
+                }
+            };
+            if !registry::reserve(chunk.base, chunk.size) {
+                // SAFETY: just mapped, never handed out or registered.
+                unsafe { self.backing.unmap(&chunk) };
+                self.stats.on_unmap(size);
+                return Err(Error::oom(format!(
+                    "no memory for the registry entries of a {size}-byte chunk at {:#x}",
+                    chunk.base
+                )));
             }
-        };
-        self.stats.on_map(chunk.size);
-        lg.chunks.push(chunk);
-        Ok(chunk)
+            lg.chunks.insert(chunk.base, chunk);
+            return Ok(chunk);
+        }
+        Err(last.unwrap_or_else(|| Error::oom("out of memory")))
     }
 
-    pub(super) fn new_span(
+    fn new_span(
         &'static self,
         lg: &mut Large,
         start: usize,
         len: usize,
-        chunk: &Chunk,
+        (chunk_base, chunk_len): (usize, usize),
         dirty: bool,
     ) -> &'static Span {
         let sp = lg.spare.pop().unwrap_or_else(|| {
@@ -330,13 +392,13 @@ impl Pool {
                 dirty: AtomicBool::new(false),
             }))
         });
+        sp.state.store(SPAN_FREE, Ordering::Release);
         sp.start.store(start, Ordering::Release);
         sp.len.store(len, Ordering::Release);
-        sp.state.store(SPAN_FREE, Ordering::Release);
-        sp.chunk_base.store(chunk.base, Ordering::Relaxed);
-        sp.chunk_len.store(chunk.size, Ordering::Relaxed);
+        sp.chunk_base.store(chunk_base, Ordering::Relaxed);
+        sp.chunk_len.store(chunk_len, Ordering::Relaxed);
         sp.dirty.store(dirty, Ordering::Relaxed);
-
+        // Inside a chunk whose range was reserved when it was mapped.
         registry::set_range(start, len, sp as *const Span as usize | TAG_SPAN);
         sp
     }
@@ -344,65 +406,72 @@ impl Pool {
     /// Cut `len` bytes off the end of free span `sp` (already out of the free set) and return
     /// the span for them; the front stays free. Only the granules of the cut part are
     /// re-registered, so the cost follows the size handed out.
-    pub(super) fn split_tail(
-        &'static self,
-        lg: &mut Large,
-        sp: &'static Span,
-        len: usize,
-    ) -> &'static Span {
-        let flen = sp.len.load(Ordering::Relaxed);
+    fn split_tail(&'static self, lg: &mut Large, sp: &'static Span, len: usize) -> &'static Span {
+        let flen = sp.len();
         if flen == len {
             return sp;
         }
-        let start = sp.start.load(Ordering::Relaxed);
-        let chunk = chunk_of(sp);
+        let start = sp.start();
+        let chunk = (
+            sp.chunk_base.load(Ordering::Relaxed),
+            sp.chunk_len.load(Ordering::Relaxed),
+        );
         sp.len.store(flen - len, Ordering::Release);
-        lg.free.insert((flen - len, start));
+        lg.free.insert((flen - len, start), sp);
+        lg.free_bytes += flen - len;
         self.new_span(
             lg,
             start + flen - len,
             len,
-            &chunk,
+            chunk,
             sp.dirty.load(Ordering::Relaxed),
         )
     }
 
-    /// Put free span `sp` into the free set, merging it with free neighbours in its chunk.
-    pub(super) fn insert_free(&'static self, lg: &mut Large, sp: &'static Span) {
+    /// Put free span `sp` into the free set, merging it with free neighbours in its chunk. A
+    /// chunk that becomes wholly free is idle: stamped with an event (stream-ordered pools),
+    /// or handed to the group (a retired stream's pool).
+    fn insert_free(&'static self, lg: &mut Large, sp: &'static Span) {
         let cbase = sp.chunk_base.load(Ordering::Relaxed);
         let cend = cbase + sp.chunk_len.load(Ordering::Relaxed);
         let mut cur = sp;
         // Merge with the next span.
-        let end = cur.start.load(Ordering::Relaxed) + cur.len.load(Ordering::Relaxed);
-        if end < cend {
-            if let Some(Entry::Span(next)) = entry_at(end) {
-                if next.state.load(Ordering::Acquire) == SPAN_FREE
-                    && next.chunk_base.load(Ordering::Relaxed) == cbase
-                {
-                    self.absorb(lg, cur, next);
-                }
-            }
+        let end = cur.start() + cur.len();
+        if end < cend
+            && let Some(Entry::Span(next)) = entry_at(end)
+            && next.state.load(Ordering::Acquire) == SPAN_FREE
+            && next.chunk_base.load(Ordering::Relaxed) == cbase
+        {
+            self.unlist_free(lg, next);
+            self.absorb_into(lg, cur, next);
         }
         // Merge into the previous span.
-        let start = cur.start.load(Ordering::Relaxed);
-        if start > cbase {
-            if let Some(Entry::Span(prev)) = entry_at(start - 1) {
-                if prev.state.load(Ordering::Acquire) == SPAN_FREE
-                    && prev.chunk_base.load(Ordering::Relaxed) == cbase
-                {
-                    self.unlist_free(lg, prev);
-                    self.absorb_into(lg, prev, cur);
-                    cur = prev;
-                }
+        let start = cur.start();
+        if start > cbase
+            && let Some(Entry::Span(prev)) = entry_at(start - 1)
+            && prev.state.load(Ordering::Acquire) == SPAN_FREE
+            && prev.chunk_base.load(Ordering::Relaxed) == cbase
+        {
+            self.unlist_free(lg, prev);
+            self.absorb_into(lg, prev, cur);
+            cur = prev;
+        }
+        if cur.is_whole_chunk() && self.is_retired() {
+            if let Some(g) = self.group {
+                let chunk = self.detach_chunk(lg, cur);
+                let fence = lock(&self.retire_event).clone();
+                g.adopt(chunk, fence);
+                return;
             }
         }
-        let len = cur.len.load(Ordering::Relaxed);
-        let start = cur.start.load(Ordering::Relaxed);
-        lg.free.insert((len, start));
-        if is_whole_chunk(cur) {
-            lg.idle += len;
+        let key = cur.key();
+        lg.free.insert(key, cur);
+        lg.free_bytes += key.0;
+        if cur.is_whole_chunk() {
+            lg.idle.insert(key, cur);
+            lg.idle_bytes += key.0;
             if self.ordered() {
-                self.stamp_idle(lg, start);
+                self.stamp_idle(lg, key.1);
             }
         }
     }
@@ -410,12 +479,9 @@ impl Pool {
     /// Record, on this pool's stream, the event after which chunk `base` (now wholly free)
     /// may serve another stream. When the stream cannot take an event (a destroyed stream
     /// handle), wait for the device instead, so the chunk needs none.
-    pub(super) fn stamp_idle(&self, lg: &mut Large, base: usize) {
-        take_event(lg, base);
-        if self.is_retired() {
-            return; // the retire event orders the chunk
-        }
-        match cuda::Event::record(self.stream, self.device) {
+    fn stamp_idle(&self, lg: &mut Large, base: usize) {
+        lg.take_event(base);
+        match cuda::Event::record(self.stream(), self.device) {
             Ok(ev) => lg.events.push((base, ev)),
             Err(_) => {
                 if let Some(g) = self.group {
@@ -426,107 +492,139 @@ impl Pool {
         }
     }
 
-    /// `a` (not in the free set) takes over its free right neighbour `b` (in the free set).
-    pub(super) fn absorb(&'static self, lg: &mut Large, a: &'static Span, b: &'static Span) {
-        self.unlist_free(lg, b);
-        self.absorb_into(lg, a, b);
-    }
-
-    /// Take free span `sp` out of the free set (keeping the idle count right).
-    pub(super) fn unlist_free(&self, lg: &mut Large, sp: &Span) {
-        let len = sp.len.load(Ordering::Relaxed);
-        lg.free.remove(&(len, sp.start.load(Ordering::Relaxed)));
-        if is_whole_chunk(sp) {
-            lg.idle -= len;
+    /// Take free span `sp` out of the free set (and the idle set).
+    fn unlist_free(&self, lg: &mut Large, sp: &Span) {
+        let key = sp.key();
+        if lg.free.remove(&key).is_some() {
+            lg.free_bytes -= key.0;
+        }
+        if lg.idle.remove(&key).is_some() {
+            lg.idle_bytes -= key.0;
         }
     }
 
-    /// `a` takes over its right neighbour `b`; `b`'s descriptor is recycled.
-    pub(super) fn absorb_into(&'static self, lg: &mut Large, a: &'static Span, b: &'static Span) {
-        let blen = b.len.load(Ordering::Relaxed);
-        let bstart = b.start.load(Ordering::Relaxed);
-        registry::set_range(bstart, blen, a as *const Span as usize | TAG_SPAN);
+    /// `a` takes over its right neighbour `b` (out of the free set); `b`'s descriptor is
+    /// recycled.
+    fn absorb_into(&'static self, lg: &mut Large, a: &'static Span, b: &'static Span) {
+        let blen = b.len();
+        registry::set_range(b.start(), blen, a as *const Span as usize | TAG_SPAN);
         a.len.fetch_add(blen, Ordering::AcqRel);
         let dirty = a.dirty.load(Ordering::Relaxed) || b.dirty.load(Ordering::Relaxed);
         a.dirty.store(dirty, Ordering::Relaxed);
-
         b.len.store(0, Ordering::Release);
         lg.spare.push(b);
     }
 
-    /// Give wholly free chunks back while more than `retain` bytes sit free in them.
-    /// O(1) unless there is something to give back.
-    pub(super) fn maybe_release(&'static self, lg: &mut Large) {
-        if lg.idle > self.retain {
-            self.release_free_chunks(lg, self.retain);
+    /// Take wholly free chunk `sp` out of the pool (free set, registry, chunk list) without
+    /// giving it back. Its descriptor is recycled; its event stays in `events` for the caller.
+    fn detach_chunk(&'static self, lg: &mut Large, sp: &'static Span) -> Chunk {
+        let start = sp.start();
+        let len = sp.len();
+        self.unlist_free(lg, sp);
+        registry::set_range(start, len, 0);
+        sp.len.store(0, Ordering::Release);
+        lg.spare.push(sp);
+        lg.chunks.remove(&start).unwrap_or(Chunk {
+            base: start,
+            size: len,
+            raw: start,
+            raw_size: len,
+            advised: false,
+        })
+    }
+
+    /// Give wholly free chunk `sp` back to the backing, after the work queued on this pool's
+    /// stream that may still touch it. Returns its bytes.
+    fn release_chunk(&'static self, lg: &mut Large, sp: &'static Span) -> usize {
+        let start = sp.start();
+        let chunk = self.detach_chunk(lg, sp);
+        if let Some(ev) = lg.take_event(start) {
+            if ev.wait().is_err() {
+                let _ = cuda::device_synchronize(self.device);
+            }
+        } else if self.is_retired()
+            && let Some(ev) = lock(&self.retire_event).as_ref()
+            && ev.wait().is_err()
+        {
+            let _ = cuda::device_synchronize(self.device);
         }
+        // SAFETY: the chunk is wholly free, no longer registered, and no queued work of its
+        // stream uses it.
+        unsafe { self.backing.unmap(&chunk) };
+        self.stats.on_unmap(chunk.size);
+        self.unmapped.fetch_add(chunk.size, Ordering::Relaxed);
+        chunk.size
     }
 
     /// Give wholly free chunks back to the backing, largest first, until at most `keep` bytes
     /// of them remain. Returns the bytes given back.
     pub(super) fn release_free_chunks(&'static self, lg: &mut Large, keep: usize) -> usize {
-        let whole: Vec<(usize, usize)> = lg
-            .free
-            .iter()
-            .rev()
-            .copied()
-            .filter(|&(len, start)| lg.chunks.iter().any(|c| c.base == start && c.size == len))
-            .collect();
-        let mut kept: usize = whole.iter().map(|w| w.0).sum();
         let mut released = 0;
-        for (len, start) in whole {
-            if kept <= keep {
+        while lg.idle_bytes > keep {
+            let Some(&sp) = lg.idle.values().next_back() else {
                 break;
-            }
-            let Some(Entry::Span(sp)) = entry_at(start) else {
-                unreachable!("free spans are registered")
             };
-            self.unlist_free(lg, sp);
-            registry::set_range(start, len, 0);
-            let pos = lg
-                .chunks
-                .iter()
-                .position(|c| c.base == start)
-                .expect("chunk record");
-            let chunk = lg.chunks.swap_remove(pos);
-            // Work queued on this pool's stream may still touch the chunk: wait for it.
-            if let Some(ev) = take_event(lg, start)
-                && ev.wait().is_err()
-            {
-                let _ = cuda::device_synchronize(self.device);
-            }
-            // SAFETY: the chunk is wholly free, no longer registered, and no queued work of
-            // its stream uses it.
-            unsafe { self.backing.unmap(&chunk) };
-            self.stats.on_unmap(chunk.size);
-            sp.len.store(0, Ordering::Release);
-            lg.spare.push(sp);
-            kept -= len;
-            released += len;
+            released += self.release_chunk(lg, sp);
         }
         released
     }
-}
 
-/// Take the idle event of chunk `base` out of the list, if it has one.
-pub(super) fn take_event(lg: &mut Large, base: usize) -> Option<cuda::Event> {
-    let i = lg.events.iter().position(|e| e.0 == base)?;
-    Some(lg.events.swap_remove(i).1)
-}
+    /// Hand a wholly free chunk of at least `min` bytes (the smallest such) to another pool of
+    /// the same device, with the event that orders it after this pool's stream.
+    pub(crate) fn take_idle_chunk(
+        &'static self,
+        min: usize,
+    ) -> Option<(Chunk, Option<cuda::Event>)> {
+        let mut lg = lock(&self.large);
+        if lg.idle.range((min, 0)..).next().is_none() {
+            self.flush_quick(&mut lg);
+        }
+        let (_, &sp) = lg.idle.range((min, 0)..).next()?;
+        let start = sp.start();
+        let chunk = self.detach_chunk(&mut lg, sp);
+        let ev = lg.take_event(start);
+        Some((chunk, ev))
+    }
 
-pub(super) fn is_whole_chunk(sp: &Span) -> bool {
-    sp.start.load(Ordering::Relaxed) == sp.chunk_base.load(Ordering::Relaxed)
-        && sp.len.load(Ordering::Relaxed) == sp.chunk_len.load(Ordering::Relaxed)
-}
+    /// Retire this pool's stream (about to be destroyed): record the event that covers all
+    /// its work, never touch the handle again, and hand every idle chunk to the group (so do
+    /// the chunks that fall idle later). The pool may be recycled once it holds no chunk.
+    pub(crate) fn retire(&'static self) {
+        let fence = if self.ordered() {
+            match cuda::Event::record(self.stream(), self.device) {
+                Ok(ev) => Some(Arc::new(ev)),
+                Err(_) => {
+                    let _ = cuda::device_synchronize(self.device);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        *lock(&self.retire_event) = fence;
+        self.key.fetch_or(1, Ordering::AcqRel);
+        self.release_empty_slabs();
+        let mut lg = lock(&self.large);
+        // The retire event covers the events recorded on the stream earlier.
+        lg.events.clear();
+        self.flush_quick(&mut lg);
+        if let Some(g) = self.group {
+            while let Some(&sp) = lg.idle.values().next() {
+                let chunk = self.detach_chunk(&mut lg, sp);
+                g.adopt(chunk, lock(&self.retire_event).clone());
+            }
+        }
+    }
 
-pub(super) fn chunk_of(sp: &Span) -> Chunk {
-    let base = sp.chunk_base.load(Ordering::Relaxed);
-    let size = sp.chunk_len.load(Ordering::Relaxed);
-    Chunk {
-        base,
-        size,
-        raw: base,
-        raw_size: size,
-        advised: false,
+    /// Serve `stream` from now on, if this pool is retired and holds no memory. Returns
+    /// whether it does.
+    pub(crate) fn recycle(&'static self, stream: usize) -> bool {
+        let lg = lock(&self.large);
+        if !self.is_retired() || !lg.chunks.is_empty() {
+            return false;
+        }
+        *lock(&self.retire_event) = None;
+        self.key.store(stream << 1, Ordering::Release);
+        true
     }
 }

@@ -1,158 +1,502 @@
-//! Per-thread caches of free slots: a cached small alloc+free takes no lock.
+//! Per-thread caches of free slots: a cached small alloc+free takes no lock and no atomic
+//! read-modify-write.
+//!
+//! A thread's cache belongs to the host pool (NumPy's side); stream-ordered device pools have
+//! none. Slots in a cache count as out of their slab (`out`), so a slab with cached slots is
+//! never released. Caches are bounded: at most [`CAP`] slots and [`CLASS_BYTES`] bytes per
+//! class (one slot at least), which bounds a thread's cache at [`max_bytes`] (about 2 MiB at
+//! the default alignment).
+//!
+//! **Reclaim from other threads.** `ump_trim`, an out-of-memory retry and `fork()` must empty
+//! the caches of every thread, including threads that are alive but idle. Every cache is in a
+//! global list, and its owner touches its bins only inside a *busy window*: it stores
+//! `busy = true`, then reads `req`; a reclaimer stores `req = true`, then reads `busy`. That is
+//! Dekker's protocol, made asymmetric: the owner's side has only a compiler fence, and the
+//! reclaimer issues `membarrier(PRIVATE_EXPEDITED)`, which runs a full memory barrier on every
+//! thread of the process, so at least one side sees the other's store. Where the kernel lacks
+//! membarrier both sides use a `SeqCst` fence. An owner that sees `req` leaves at once and uses
+//! the class lists directly; a reclaimer waits until `busy` is false and then owns the bins
+//! until it clears `req`. Reclaimers are serialised by the list's lock.
 
-use super::*;
+use super::Pool;
+use super::slab::Slab;
+use crate::prim::os;
+use std::cell::{Cell, UnsafeCell};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, compiler_fence, fence};
 
-/// Slots a thread keeps per class before it gives half back.
-pub(super) const TCACHE_CAP: usize = 64;
-/// Slots a thread takes from a class at once.
-pub(super) const TCACHE_BATCH: usize = 32;
+/// Slots a thread keeps per class at most.
+pub(super) const CAP: usize = 64;
+/// Bytes a thread keeps per class at most (the largest classes keep one slot).
+pub(super) const CLASS_BYTES: usize = 64 << 10;
+/// Slots a refill takes from a class at once for the cache, at most.
+const BATCH: usize = 32;
+/// Operations counted locally before they are added to the pool's counters.
+const COUNT_FLUSH: u64 = 256;
+/// Bytes of `in_use` change kept locally before they are added to the pool's counter (so a
+/// cached alloc+free costs no atomic read-modify-write on shared statistics). The host side's
+/// `in_use` and its peak lag by less than this per thread; `ump_stats` flushes the caller's.
+const IN_USE_FLUSH: isize = 256 << 10;
 
-pub(super) type SlotList = Vec<(&'static Slab, u32)>;
+/// A free slot: its slab and index.
+pub(super) type Slot = (&'static Slab, u32);
 
-/// A thread's cache of free slots, per class, for one pool (the first that caches on this
-/// thread; in practice the host pool behind NumPy). Alloc and free on it take no lock and no
-/// atomic read-modify-write. Slots in it count as out of their class (`live`), so trim leaves
-/// their slabs alone; they go back when the cache overflows, on trim from this thread, and
-/// when the thread exits.
-pub(super) struct TcInner {
-    /// The owning pool.
-    pub(super) owner: &'static Pool,
-    pub(super) bins: Vec<SlotList>,
-    /// Operations served by the cache and not yet added to the pool's counters.
-    pub(super) allocs: u64,
-    pub(super) frees: u64,
+/// The cached slots of one class.
+struct Bin {
+    slots: Vec<Slot>,
+    /// Slots kept at most.
+    cap: usize,
+    /// The class's slot size.
+    size: usize,
 }
 
-/// Thread-local operation counts are added to the pool's counters every this many operations.
-pub(super) const TCACHE_COUNT_FLUSH: u64 = 256;
-
-impl TcInner {
-    pub(super) fn flush_counts(&mut self) {
-        if self.allocs + self.frees == 0 {
-            return;
-        }
-        let st = &self.owner.stats;
-        st.allocs.fetch_add(self.allocs, Ordering::Relaxed);
-        st.hits.fetch_add(self.allocs, Ordering::Relaxed);
-        st.frees.fetch_add(self.frees, Ordering::Relaxed);
-        self.allocs = 0;
-        self.frees = 0;
-    }
-
-    #[inline]
-    pub(super) fn counted(&mut self) {
-        if self.allocs + self.frees >= TCACHE_COUNT_FLUSH {
-            self.flush_counts();
-        }
-    }
-
-    #[inline]
-    pub(super) fn pop(&mut self, ci: usize) -> Option<(&'static Slab, u32)> {
-        let x = self.bins[ci].pop()?;
-        self.allocs += 1;
-        self.counted();
-        Some(x)
-    }
-
-    /// Keep a freed slot, giving half the bin back to the class when it overflows.
-    #[inline]
-    pub(super) fn push(&mut self, pool: &'static Pool, slab: &'static Slab, idx: u32) {
-        self.frees += 1;
-        self.counted();
-        let bin = &mut self.bins[slab.class];
-        bin.push((slab, idx));
-        if bin.len() > TCACHE_CAP {
-            let half = bin.split_off(TCACHE_CAP / 2);
-            pool.return_slots(slab.class, half.into_iter());
-        }
-    }
-
-    /// Give every cached slot back to the owner's classes and publish the counts.
-    pub(super) fn flush(&mut self, pool: &'static Pool) {
-        self.flush_counts();
-        for (ci, bin) in self.bins.iter_mut().enumerate() {
-            if !bin.is_empty() {
-                pool.return_slots(ci, bin.drain(..));
-            }
-        }
-    }
+struct Inner {
+    bins: Vec<Bin>,
+    /// Bytes of slots held (mirrored in `Cache::bytes` for other threads).
+    bytes: usize,
+    /// Operations served and not yet added to the pool's counters.
+    allocs: u64,
+    frees: u64,
+    /// Change of requested bytes in use not yet added to the pool's `in_use`.
+    in_use: isize,
 }
 
-/// `TC` holds null before the thread has a cache and `TC_GONE` after it was destroyed.
-pub(super) const TC_GONE: usize = 1;
+/// One thread's cache.
+struct Cache {
+    owner: &'static Pool,
+    /// The owner is inside a busy window.
+    busy: AtomicBool,
+    /// A reclaimer asks for the bins.
+    req: AtomicBool,
+    /// Bytes of slots held (written by whoever holds the bins, read by statistics).
+    bytes: AtomicUsize,
+    inner: UnsafeCell<Inner>,
+}
+
+// SAFETY: `inner` is touched only by the owner inside a busy window or by a reclaimer after
+// the handshake described in the module documentation; every other field is atomic.
+unsafe impl Sync for Cache {}
+
+/// Whether `membarrier(PRIVATE_EXPEDITED)` is registered for this process (else both sides
+/// of the handshake fence).
+static ASYM: AtomicBool = AtomicBool::new(false);
+static ASYM_PROBED: AtomicBool = AtomicBool::new(false);
+
+/// Addresses of every live cache. Its lock also serialises reclaimers.
+static CACHES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn caches() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    CACHES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `TC` holds 0 before the thread has a cache and `GONE` after it was destroyed.
+const GONE: usize = 1;
 
 thread_local! {
     /// This thread's cache, as a raw pointer in a thread-local *without* a destructor: one TLS
     /// access on the fast path, readable at any point of thread exit. glibc runs thread-local
     /// destructors before pthread-key destructors, so a free from a key destructor must find
     /// "gone" here rather than create a cache whose destructor would never run.
-    static TC: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-    /// Owns the cache: touched once, when the cache is made; its destructor flushes it.
-    static TC_GUARD: TcGuard = const { TcGuard };
+    static TC: Cell<usize> = const { Cell::new(0) };
+    /// Owns the cache: touched once, when the cache is made; its destructor empties it.
+    static TC_GUARD: Guard = const { Guard };
 }
 
-pub(super) struct TcGuard;
+struct Guard;
 
-impl Drop for TcGuard {
+impl Drop for Guard {
     fn drop(&mut self) {
-        let p = TC.try_with(|c| c.replace(TC_GONE)).unwrap_or(0);
-        if p > TC_GONE {
-            // SAFETY: `p` came from Box::into_raw in `ensure_tcache` and is unique to this
-            // thread; TC no longer points at it.
-            let mut tc = unsafe { Box::from_raw(p as *mut TcInner) };
-            let owner = tc.owner;
-            tc.flush(owner);
+        let p = TC.try_with(|c| c.replace(GONE)).unwrap_or(0);
+        if p <= GONE {
+            return;
+        }
+        // Out of the list first: no reclaimer can reach the cache afterwards.
+        caches().retain(|&c| c != p);
+        // SAFETY: `p` came from Box::into_raw in `ensure`; it is unique to this thread and no
+        // longer reachable from TC or the list.
+        let cache = unsafe { Box::from_raw(p as *mut Cache) };
+        drain(&cache);
+    }
+}
+
+impl Cache {
+    /// Open a busy window; false when a reclaimer holds the bins.
+    #[inline(always)]
+    fn enter(&self) -> bool {
+        self.busy.store(true, Ordering::Relaxed);
+        if ASYM.load(Ordering::Relaxed) {
+            compiler_fence(Ordering::SeqCst);
+        } else {
+            fence(Ordering::SeqCst);
+        }
+        if self.req.load(Ordering::Acquire) {
+            self.busy.store(false, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    #[inline(always)]
+    fn leave(&self) {
+        self.busy.store(false, Ordering::Release);
+    }
+
+    /// The bins, inside a busy window or with the bins reclaimed.
+    ///
+    /// # Safety
+    /// The caller is the owner inside a busy window, or a reclaimer that completed the
+    /// handshake (or the only thread left after fork), and holds no other reference.
+    #[allow(clippy::mut_from_ref)]
+    #[inline(always)]
+    unsafe fn inner(&self) -> &mut Inner {
+        // SAFETY: forwarded from the caller.
+        unsafe { &mut *self.inner.get() }
+    }
+
+    /// Publish the operation counts and the change of bytes in use to the owner's statistics.
+    fn flush_counts(&self, inner: &mut Inner) {
+        let st = self.owner.stats;
+        self.flush_in_use(inner);
+        if inner.allocs + inner.frees == 0 {
+            return;
+        }
+        st.allocs.fetch_add(inner.allocs, Ordering::Relaxed);
+        st.hits.fetch_add(inner.allocs, Ordering::Relaxed);
+        st.frees.fetch_add(inner.frees, Ordering::Relaxed);
+        inner.allocs = 0;
+        inner.frees = 0;
+    }
+
+    fn flush_in_use(&self, inner: &mut Inner) {
+        let d = std::mem::take(&mut inner.in_use);
+        if d > 0 {
+            self.owner.stats.add_in_use(d as usize);
+        } else if d < 0 {
+            self.owner.stats.sub_in_use(d.unsigned_abs());
         }
     }
 }
 
-/// Run `f` on this thread's cache if it exists and belongs to `pool`.
-#[inline]
-pub(super) fn with_tcache<R>(pool: &'static Pool, f: impl FnOnce(&mut TcInner) -> R) -> Option<R> {
-    let p = TC.try_with(|c| c.get()).unwrap_or(TC_GONE);
-    if p <= TC_GONE {
+/// This thread's cache if it exists and belongs to `pool`.
+#[inline(always)]
+fn mine(pool: &'static Pool) -> Option<&'static Cache> {
+    let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
+    if p <= GONE {
         return None;
     }
-    // SAFETY: `p` is this thread's live cache (only this thread reads TC); no other reference
-    // to it exists while `f` runs, and `f` never re-enters the thread cache.
-    let tc = unsafe { &mut *(p as *mut TcInner) };
-    if !std::ptr::eq(tc.owner, pool) {
-        return None;
-    }
-    Some(f(tc))
+    // SAFETY: `p` is this thread's live cache (freed only by this thread's exit).
+    let c = unsafe { &*(p as *const Cache) };
+    std::ptr::eq(c.owner, pool).then_some(c)
 }
 
-/// Make this thread's cache for `pool` if it has none yet. False when the thread's cache
-/// belongs to another pool or was already destroyed (thread exit).
-pub(super) fn ensure_tcache(pool: &'static Pool) -> bool {
-    let p = TC.try_with(|c| c.get()).unwrap_or(TC_GONE);
-    if p == TC_GONE {
+/// Take a cached slot of class `ci` for a block of `n` bytes (counted in use here).
+#[inline]
+pub(super) fn pop(pool: &'static Pool, ci: usize, n: usize) -> Option<Slot> {
+    let c = mine(pool)?;
+    if !c.enter() {
+        return None;
+    }
+    // SAFETY: inside our busy window.
+    let inner = unsafe { c.inner() };
+    let bin = &mut inner.bins[ci];
+    let x = bin.slots.pop();
+    if x.is_some() {
+        inner.bytes -= bin.size;
+        c.bytes.store(inner.bytes, Ordering::Relaxed);
+        inner.allocs += 1;
+        inner.in_use += n as isize;
+        if inner.allocs + inner.frees >= COUNT_FLUSH || inner.in_use > IN_USE_FLUSH {
+            c.flush_counts(inner);
+        }
+    }
+    c.leave();
+    x
+}
+
+/// Keep a freed slot of class `ci` (of a block of `n` bytes) in this thread's cache. When the
+/// bin is full, its oldest half goes back to the slabs. Returns false when this thread has no
+/// cache for `pool` (the caller then returns the slot itself); the free and its bytes are then
+/// not counted here either.
+#[inline]
+pub(super) fn push(pool: &'static Pool, ci: usize, slot: Slot, n: usize) -> bool {
+    let Some(c) = mine(pool) else {
+        return false;
+    };
+    if !c.enter() {
+        return false;
+    }
+    // SAFETY: inside our busy window.
+    let inner = unsafe { c.inner() };
+    let bin = &mut inner.bins[ci];
+    let overflow = if bin.slots.len() >= bin.cap {
+        let old = take_oldest_half(&mut bin.slots);
+        inner.bytes -= old.len() * bin.size;
+        Some(old)
+    } else {
+        None
+    };
+    bin.slots.push(slot);
+    inner.bytes += bin.size;
+    c.bytes.store(inner.bytes, Ordering::Relaxed);
+    inner.frees += 1;
+    inner.in_use -= n as isize;
+    if inner.allocs + inner.frees >= COUNT_FLUSH || inner.in_use < -IN_USE_FLUSH {
+        c.flush_counts(inner);
+    }
+    c.leave();
+    if let Some(old) = overflow {
+        spill(pool, ci, old);
+    }
+    true
+}
+
+#[cold]
+fn take_oldest_half(slots: &mut Vec<Slot>) -> Vec<Slot> {
+    slots.drain(..slots.len() / 2).collect()
+}
+
+#[cold]
+#[inline(never)]
+fn spill(pool: &'static Pool, ci: usize, old: Vec<Slot>) {
+    pool.return_slots(ci, old);
+}
+
+/// How many slots of class `ci` a refill should take for this thread's cache (0: none).
+pub(super) fn fill(pool: &'static Pool, ci: usize) -> usize {
+    if mine(pool).is_none() {
+        return 0;
+    }
+    let cap = caps_for(pool, ci);
+    (cap / 2).min(BATCH)
+}
+
+/// Put `slots` (of class `ci`, fresh from a refill) into this thread's cache. Returns those
+/// that did not fit.
+pub(super) fn stash(pool: &'static Pool, ci: usize, mut slots: Vec<Slot>) -> Vec<Slot> {
+    let Some(c) = mine(pool) else {
+        return slots;
+    };
+    if slots.is_empty() || !c.enter() {
+        return slots;
+    }
+    // SAFETY: inside our busy window.
+    let inner = unsafe { c.inner() };
+    let bin = &mut inner.bins[ci];
+    let n = bin.cap.saturating_sub(bin.slots.len()).min(slots.len());
+    bin.slots.extend(slots.drain(slots.len() - n..));
+    inner.bytes += n * bin.size;
+    c.bytes.store(inner.bytes, Ordering::Relaxed);
+    c.leave();
+    slots
+}
+
+fn caps_for(pool: &Pool, ci: usize) -> usize {
+    (CLASS_BYTES / pool.table.sizes[ci]).clamp(1, CAP)
+}
+
+/// The most bytes one thread's cache for `pool` can hold.
+#[cfg(test)]
+pub(super) fn max_bytes(pool: &Pool) -> usize {
+    (0..pool.table.len())
+        .map(|ci| caps_for(pool, ci) * pool.table.sizes[ci])
+        .sum()
+}
+
+/// Make this thread's cache for `pool` if it has none. Only the host pool (not stream-ordered)
+/// caches, and a thread has one cache. Returns whether this thread caches for `pool`.
+pub(super) fn ensure(pool: &'static Pool) -> bool {
+    let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
+    if p == GONE {
         return false;
     }
     if p != 0 {
         // SAFETY: this thread's live cache.
-        return std::ptr::eq(unsafe { &*(p as *const TcInner) }.owner, pool);
+        return std::ptr::eq(unsafe { &*(p as *const Cache) }.owner, pool);
+    }
+    if pool.is_stream_ordered() {
+        return false;
     }
     // Register the destructor first: if the thread is already past its TLS destructors, the
     // guard is gone and no cache is made.
     if TC_GUARD.try_with(|_| ()).is_err() {
         return false;
     }
-    let tc = Box::new(TcInner {
+    probe_membarrier();
+    let cache = Box::new(Cache {
         owner: pool,
-        bins: (0..pool.table.len()).map(|_| Vec::new()).collect(),
-        allocs: 0,
-        frees: 0,
+        busy: AtomicBool::new(false),
+        req: AtomicBool::new(false),
+        bytes: AtomicUsize::new(0),
+        inner: UnsafeCell::new(Inner {
+            // Room for the cap and one more: no allocation inside a busy window.
+            bins: (0..pool.table.len())
+                .map(|ci| {
+                    let cap = caps_for(pool, ci);
+                    Bin {
+                        slots: Vec::with_capacity(cap + 1),
+                        cap,
+                        size: pool.table.sizes[ci],
+                    }
+                })
+                .collect(),
+            bytes: 0,
+            allocs: 0,
+            frees: 0,
+            in_use: 0,
+        }),
     });
-    let _ = TC.try_with(|c| c.set(Box::into_raw(tc) as usize));
+    let addr = Box::into_raw(cache) as usize;
+    caches().push(addr);
+    let _ = TC.try_with(|c| c.set(addr));
     true
 }
 
-/// Publish the calling thread's cached operation counts to its pool's statistics.
-pub fn flush_thread_counts() {
-    let p = TC.try_with(|c| c.get()).unwrap_or(TC_GONE);
-    if p > TC_GONE {
-        // SAFETY: this thread's live cache.
-        unsafe { &mut *(p as *mut TcInner) }.flush_counts();
+fn probe_membarrier() {
+    if !ASYM_PROBED.swap(true, Ordering::AcqRel) {
+        ASYM.store(os::membarrier_register(), Ordering::Release);
     }
+}
+
+/// The heavy side of the handshake.
+fn heavy_barrier() {
+    if !(ASYM.load(Ordering::Acquire) && os::membarrier()) {
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// Take the bins of `c` away from its owner: after this, until `req` is cleared, the owner
+/// does not touch them. The caller holds the list lock.
+fn quiesce(c: &Cache) {
+    c.req.store(true, Ordering::Relaxed);
+    heavy_barrier();
+    let mut spins = 0u32;
+    while c.busy.load(Ordering::Acquire) {
+        spins += 1;
+        if spins < 128 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Give every slot of `c` back to its slabs and publish its counts. The caller holds the bins.
+fn drain(c: &Cache) {
+    // SAFETY: the caller holds the bins (handshake done, or the owner at thread exit).
+    let inner = unsafe { c.inner() };
+    c.flush_counts(inner);
+    for (ci, bin) in inner.bins.iter_mut().enumerate() {
+        if !bin.slots.is_empty() {
+            c.owner.return_slots(ci, bin.slots.drain(..));
+        }
+    }
+    inner.bytes = 0;
+    c.bytes.store(0, Ordering::Relaxed);
+}
+
+/// Empty the caches of every thread that caches for `pool` (all pools: None), idle threads
+/// included. Returns the bytes of slots given back.
+pub(crate) fn reclaim(pool: Option<&'static Pool>) -> usize {
+    let list = caches();
+    let mut bytes = 0;
+    for &addr in list.iter() {
+        // SAFETY: caches in the list are live (their owner removes them under the lock first).
+        let c = unsafe { &*(addr as *const Cache) };
+        if pool.is_some_and(|p| !std::ptr::eq(p, c.owner)) {
+            continue;
+        }
+        quiesce(c);
+        bytes += c.bytes.load(Ordering::Relaxed);
+        drain(c);
+        c.req.store(false, Ordering::Release);
+    }
+    bytes
+}
+
+/// Bytes held in the caches of every thread for `pool`.
+pub(crate) fn cached_bytes(pool: &'static Pool) -> usize {
+    let list = caches();
+    list.iter()
+        // SAFETY: caches in the list are live.
+        .map(|&a| unsafe { &*(a as *const Cache) })
+        .filter(|c| std::ptr::eq(c.owner, pool))
+        .map(|c| c.bytes.load(Ordering::Relaxed))
+        .sum()
+}
+
+/// Publish the calling thread's cached operation counts and bytes in use to its pool's
+/// statistics.
+pub fn flush_thread_counts() {
+    let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
+    if p <= GONE {
+        return;
+    }
+    // SAFETY: this thread's live cache.
+    let c = unsafe { &*(p as *const Cache) };
+    if c.enter() {
+        // SAFETY: inside our busy window.
+        c.flush_counts(unsafe { c.inner() });
+        c.leave();
+    }
+}
+
+// ---- fork ---------------------------------------------------------------------------------
+
+/// Before `fork()`: hold the list and quiesce every cache, so that no thread is inside a busy
+/// window when the process is copied.
+pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
+    let list = caches();
+    for &addr in list.iter() {
+        // SAFETY: live caches (the list lock is held).
+        quiesce(unsafe { &*(addr as *const Cache) });
+    }
+    FORK_SNAPSHOT.with(|v| *v.borrow_mut() = list.clone());
+    held.push(list);
+}
+
+/// In the parent after `fork()` (the list lock still held by the caller's guards): give every
+/// cache back to its owner.
+pub(crate) fn fork_parent() {
+    for_each_listed(|c| c.req.store(false, Ordering::Release));
+}
+
+/// In the child after `fork()`, once every allocator lock is released: the other threads do
+/// not exist here, so their caches go back to the pools; this thread keeps its own.
+pub(crate) fn fork_child() {
+    if ASYM.load(Ordering::Relaxed) {
+        // The registration belongs to the parent's address space.
+        ASYM.store(os::membarrier_register(), Ordering::Release);
+    }
+    FORK_SNAPSHOT.with(|v| v.borrow_mut().clear());
+    let own = TC.try_with(|c| c.get()).unwrap_or(0);
+    let mut list = caches();
+    let dead: Vec<usize> = list.iter().copied().filter(|&a| a != own).collect();
+    list.retain(|&a| a == own);
+    drop(list);
+    for addr in dead {
+        // SAFETY: the owner thread does not exist in the child, the cache was quiesced before
+        // the fork, and it is out of the list: nothing else can reach it.
+        let c = unsafe { Box::from_raw(addr as *mut Cache) };
+        drain(&c);
+    }
+    if own > GONE {
+        // SAFETY: this thread's live cache.
+        unsafe { &*(own as *const Cache) }
+            .req
+            .store(false, Ordering::Release);
+    }
+}
+
+fn for_each_listed(f: impl Fn(&Cache)) {
+    // The list lock is held by this thread's fork guards: read the snapshot taken with it.
+    let list = FORK_SNAPSHOT.with(|v| std::mem::take(&mut *v.borrow_mut()));
+    for addr in list {
+        // SAFETY: the list lock has been held since the snapshot, so every cache is live.
+        f(unsafe { &*(addr as *const Cache) });
+    }
+}
+
+thread_local! {
+    /// The cache list as `fork_prepare` saw it (the forking thread's copy).
+    static FORK_SNAPSHOT: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }

@@ -17,7 +17,7 @@ use cudarc::driver::sys::{
     CUmemLocationType, CUpointer_attribute, CUstream,
 };
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// A driver return code.
 pub type CuResult = c_int;
@@ -108,6 +108,24 @@ driver_table! {
 /// The driver, or why there is none.
 static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
 
+/// Serialises loading the driver and retaining primary contexts, so that no initialisation is
+/// half done when the process forks (`fork_lock_load`).
+static LOAD: Mutex<()> = Mutex::new(());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Fork: the loader lock (early in the order: probing nests it inside the allocator's init).
+pub(crate) fn fork_lock_load(held: &mut crate::fork::Held) {
+    held.push(lock(&LOAD));
+}
+
+/// Fork: the event cache (late in the order: events are recorded under pool locks).
+pub(crate) fn fork_lock_events(held: &mut crate::fork::Held) {
+    held.push(lock(&EVENT_CACHE));
+}
+
 fn open_driver() -> std::result::Result<Driver, String> {
     if std::env::var_os("UMP_ALLOC_NO_CUDA").is_some_and(|v| v == "1") {
         return Err("UMP_ALLOC_NO_CUDA=1".into());
@@ -125,6 +143,8 @@ fn open_driver() -> std::result::Result<Driver, String> {
     });
     let lib = lib.ok_or_else(|| format!("no CUDA driver library ({})", tried.join("; ")))?;
     let d = Driver::load(lib)?;
+    // libcuda may register fork handlers of its own: ours must run first (see os::at_fork_again).
+    crate::prim::os::at_fork_again();
     // SAFETY: cuInit has no preconditions.
     let rc = unsafe { (d.cuInit)(0) };
     match rc {
@@ -139,9 +159,14 @@ fn open_driver() -> std::result::Result<Driver, String> {
 }
 
 fn driver() -> Result<&'static Driver> {
-    DRIVER
-        .get_or_init(open_driver)
-        .as_ref()
+    let d = match DRIVER.get() {
+        Some(d) => d,
+        None => {
+            let _g = lock(&LOAD);
+            DRIVER.get_or_init(open_driver)
+        }
+    };
+    d.as_ref()
         .map_err(|why| Error::unsupported(format!("CUDA is not available: {why}")))
 }
 
@@ -276,6 +301,10 @@ fn primary_context(d: &Driver, device: i32) -> Result<CUcontext> {
     if let Some(&c) = slot.get() {
         return Ok(c as CUcontext);
     }
+    let _g = lock(&LOAD);
+    if let Some(&c) = slot.get() {
+        return Ok(c as CUcontext);
+    }
     let mut dev: CUdevice = 0;
     // SAFETY: valid out-pointer; ordinal checked above.
     check(
@@ -290,7 +319,6 @@ fn primary_context(d: &Driver, device: i32) -> Result<CUcontext> {
         unsafe { (d.cuDevicePrimaryCtxRetain)(&mut ctx, dev) },
         "cuDevicePrimaryCtxRetain",
     )?;
-    // A racing thread may have retained too; the extra reference is harmless (never released).
     Ok(*slot.get_or_init(|| ctx as usize) as CUcontext)
 }
 
@@ -494,13 +522,13 @@ pub fn device_synchronize(device: i32) -> Result<()> {
 
 /// Events kept for reuse, per device: creating one costs a driver call, recording one is
 /// cheap, and stream-ordered reuse records one each time a chunk falls idle.
-static EVENT_CACHE: std::sync::Mutex<Vec<(i32, usize)>> = std::sync::Mutex::new(Vec::new());
+static EVENT_CACHE: Mutex<Vec<(i32, usize)>> = Mutex::new(Vec::new());
 /// Events kept at most (beyond this they are destroyed).
 const EVENT_CACHE_MAX: usize = 256;
 
 fn cached_event(d: &Driver, device: i32) -> Result<usize> {
     {
-        let mut c = EVENT_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = lock(&EVENT_CACHE);
         if let Some(i) = c.iter().rposition(|&(dev, _)| dev == device) {
             return Ok(c.swap_remove(i).1);
         }
@@ -516,7 +544,7 @@ fn cached_event(d: &Driver, device: i32) -> Result<usize> {
 }
 
 fn uncache_event(d: &Driver, device: i32, ev: usize) {
-    let mut c = EVENT_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = lock(&EVENT_CACHE);
     if c.len() < EVENT_CACHE_MAX {
         c.push((device, ev));
     } else {

@@ -91,6 +91,129 @@ pub fn is_mapped(addr: usize) -> bool {
     unsafe { libc::mincore(start as *mut libc::c_void, page, &mut vec) == 0 }
 }
 
+const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+/// Register this process for `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` (Linux 4.14+).
+/// Returns whether [`membarrier`] is usable.
+pub fn membarrier_register() -> bool {
+    // SAFETY: membarrier's query and register commands take no pointers.
+    let q = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0) };
+    if q < 0 || q & MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long == 0 {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+            0,
+            0,
+        ) == 0
+    }
+}
+
+/// Run a full memory barrier on every running thread of this process (the heavy side of an
+/// asymmetric fence). Returns false when the kernel refused (the caller then fences itself).
+pub fn membarrier() -> bool {
+    // SAFETY: the expedited barrier takes no pointers.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0 }
+}
+
+/// The process-wide `fork()` handlers (see `crate::fork`).
+#[derive(Clone, Copy)]
+pub struct ForkHandlers {
+    pub prepare: fn(),
+    pub parent: fn(),
+    pub child: fn(),
+}
+
+static FORK_HANDLERS: std::sync::OnceLock<ForkHandlers> = std::sync::OnceLock::new();
+static FORK_SETS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+thread_local! {
+    /// Which registered set ran `prepare` in the fork this thread is doing (0: none).
+    static FORK_RAN: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+fn fork_step(set: u8, step: u8) {
+    let Some(h) = FORK_HANDLERS.get() else { return };
+    let ran = FORK_RAN.with(|r| r.get());
+    match step {
+        0 if ran == 0 => {
+            FORK_RAN.with(|r| r.set(set));
+            (h.prepare)();
+        }
+        1 if ran == set => {
+            FORK_RAN.with(|r| r.set(0));
+            (h.parent)();
+        }
+        2 if ran == set => {
+            FORK_RAN.with(|r| r.set(0));
+            (h.child)();
+        }
+        _ => {}
+    }
+}
+
+macro_rules! fork_set {
+    ($set:literal, $p:ident, $a:ident, $c:ident) => {
+        extern "C" fn $p() {
+            fork_step($set, 0)
+        }
+        extern "C" fn $a() {
+            fork_step($set, 1)
+        }
+        extern "C" fn $c() {
+            fork_step($set, 2)
+        }
+    };
+}
+fork_set!(1, fork_prepare_1, fork_parent_1, fork_child_1);
+fork_set!(2, fork_prepare_2, fork_parent_2, fork_child_2);
+
+/// Register `h` with `pthread_atfork` (once per process; later calls do nothing).
+pub fn at_fork(h: ForkHandlers) {
+    if FORK_HANDLERS.set(h).is_err() {
+        return;
+    }
+    // SAFETY: the handlers are plain functions that live as long as the process.
+    if unsafe {
+        libc::pthread_atfork(
+            Some(fork_prepare_1),
+            Some(fork_parent_1),
+            Some(fork_child_1),
+        )
+    } == 0
+    {
+        FORK_SETS.store(1, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Register the handlers a second time, after a library that registers fork handlers of its
+/// own (the CUDA driver) was loaded: `prepare` handlers run in reverse order of registration,
+/// so ours then run before that library takes its locks, and a thread of ours that waits for
+/// that library inside one of our locks can finish. Whichever set runs `prepare` first in a
+/// fork does the work; the other does nothing. Once per process.
+pub fn at_fork_again() {
+    use std::sync::atomic::Ordering;
+    if FORK_SETS
+        .compare_exchange(1, 2, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    // SAFETY: as in `at_fork`.
+    unsafe {
+        libc::pthread_atfork(
+            Some(fork_prepare_2),
+            Some(fork_parent_2),
+            Some(fork_child_2),
+        )
+    };
+}
+
 /// Set the calling thread's errno (malloc-family contracts report ENOMEM through it).
 pub fn set_errno(value: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid.

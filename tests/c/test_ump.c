@@ -63,6 +63,18 @@ static int is_aligned(const void *p, size_t a) {
     return a != 0 && ((uintptr_t)p % a) == 0;
 }
 
+/* The alignment a host block of n bytes must have, by the documented rule, checked against
+ * ump_block_alignment(n): the configured alignment from that size up; below it at least 16,
+ * and for a power of two n at least n (the natural alignment of its size class). */
+static size_t want_align(size_t n) {
+    size_t a = ump_block_alignment(n);
+    if (n >= g_align) return g_align;
+    size_t floor = 16;
+    if (n >= 16 && (n & (n - 1)) == 0) floor = n;
+    if (a < floor || a > g_align || (a & (a - 1)) != 0) return g_align * 2; /* fails the check */
+    return a;
+}
+
 /* ---- patterns ------------------------------------------------------------------------- */
 
 static uint64_t mix64(uint64_t x) {
@@ -143,8 +155,8 @@ static void test_malloc(void) {
         ptrs[i] = ump_malloc(n);
         CHECK(ptrs[i] != NULL, "ump_malloc(%zu) returned NULL: %s", n, last_err_or("(no error)"));
         if (!ptrs[i]) continue;
-        CHECK(is_aligned(ptrs[i], g_align), "ump_malloc(%zu) = %p not aligned to %zu", n,
-              ptrs[i], g_align);
+        CHECK(is_aligned(ptrs[i], want_align(n)), "ump_malloc(%zu) = %p not aligned to %zu", n,
+              ptrs[i], want_align(n));
         fill_pattern(ptrs[i], n, 0x1000 + i);
         size_t bad = check_pattern(ptrs[i], n, 0x1000 + i);
         CHECK(bad == SIZE_MAX, "ump_malloc(%zu): byte %zu does not read back", n, bad);
@@ -196,7 +208,7 @@ static void test_calloc(void) {
         unsigned char *c = (unsigned char *)ump_calloc(n, 1);
         CHECK(c != NULL, "ump_calloc(%zu, 1) returned NULL", n);
         if (c) {
-            CHECK(is_aligned(c, g_align), "ump_calloc(%zu) not aligned", n);
+            CHECK(is_aligned(c, want_align(n)), "ump_calloc(%zu) not aligned", n);
             size_t bad = first_not(c, n, 0);
             CHECK(bad == SIZE_MAX, "fresh ump_calloc(%zu, 1): byte %zu is not zero", n, bad);
             ump_free(c, n);
@@ -211,7 +223,7 @@ static void test_calloc(void) {
         unsigned char *e = (unsigned char *)ump_calloc(n / elsize, elsize);
         CHECK(e != NULL, "ump_calloc(%zu, %zu) returned NULL", n / elsize, elsize);
         if (!e) continue;
-        CHECK(is_aligned(e, g_align), "ump_calloc(%zu) not aligned", n);
+        CHECK(is_aligned(e, want_align(n)), "ump_calloc(%zu) not aligned", n);
         size_t bad = first_not(e, n, 0);
         CHECK(bad == SIZE_MAX,
               "ump_calloc(%zu, %zu) after freeing a 0xFF block (%s): byte %zu is 0x%02x, not 0",
@@ -283,7 +295,7 @@ static void test_realloc(void) {
         CHECK(q != NULL, "ump_realloc(%zu -> %zu) returned NULL: %s", cur, n,
               last_err_or("-"));
         if (!q) break;
-        CHECK(is_aligned(q, g_align), "ump_realloc(%zu -> %zu) = %p not aligned", cur, n, q);
+        CHECK(is_aligned(q, want_align(n)), "ump_realloc(%zu -> %zu) = %p not aligned", cur, n, q);
         size_t keep = cur < n ? cur : n;
         size_t bad = check_pattern(q, keep, 77);
         CHECK(bad == SIZE_MAX, "ump_realloc(%zu -> %zu): byte %zu of the kept contents lost",
@@ -1236,7 +1248,7 @@ static void *churn(void *argp) {
                       last_err_or("-"));
             continue;
         }
-        if (!is_aligned(p, g_align)) {
+        if (!is_aligned(p, want_align(n))) {
             if (a->failures++ < 5)
                 CHECK(0, "thread %d: ump_malloc(%zu) = %p not aligned", a->tid, n, (void *)p);
         }
