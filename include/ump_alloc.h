@@ -12,8 +12,8 @@
 // Most devices `ump_capabilities` describes.
 #define UMP_MAX_DEVICES 16
 
-// Version of `ump_capabilities`.
-#define UMP_CAPABILITIES_VERSION 1
+// Version of `ump_capabilities` (2: each side's kind and reason).
+#define UMP_CAPABILITIES_VERSION 2
 
 // Version of `ump_identity`.
 #define UMP_IDENTITY_VERSION 1
@@ -25,23 +25,29 @@
 // Version of `ump_scope_report`.
 #define UMP_SCOPE_REPORT_VERSION 1
 
-// Version of `ump_stats`.
-#define UMP_STATS_VERSION 1
+// Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields).
+#define UMP_STATS_VERSION 2
 
-// Where memory comes from. The same mode governs every entry point (NumPy, CuPy, PyTorch).
+// The pair of sides in force, as a C value: a preset, or `UMP_MODE_CUSTOM`.
 enum ump_mode {
   // Not decided yet (no allocation and no `ump_init` so far).
   UMP_MODE_UNSET = 0,
-  // No GPU: plain aligned host memory everywhere.
+  // No GPU: plain aligned host memory for NumPy; no GPU memory.
   UMP_MODE_HOST = 1,
-  // System-allocated memory (malloc-backed), read by the GPU through HMM or ATS.
+  // System-allocated memory (malloc-backed) on both sides, read by the GPU through HMM or ATS.
   UMP_MODE_SYSTEM = 2,
-  // CUDA managed memory (cuMemAllocManaged).
+  // CUDA managed memory (cuMemAllocManaged) on both sides.
   UMP_MODE_MANAGED = 3,
-  // Host memory registered with cuMemHostRegister, mapped at the same address on the device.
+  // Pinned host memory (cuMemHostRegister), mapped at the same address on every device, on
+  // both sides.
   UMP_MODE_REGISTERED = 4,
-  // "UMP off": device memory for GPU libraries, plain aligned host memory for NumPy.
+  // "UMP off": plain aligned host memory for NumPy, device memory for GPU libraries.
   UMP_MODE_DEVICE = 5,
+  // Pinned host memory mapped for every device for NumPy, managed memory for GPU libraries
+  // (the `auto` choice on GPUs without HMM or ATS).
+  UMP_MODE_PINNED = 6,
+  // Another pair, chosen with `UMP_ALLOC_HOST_SIDE` / `UMP_ALLOC_DEVICE_SIDE`.
+  UMP_MODE_CUSTOM = 7,
 };
 
 // What kind of memory a block is, as reported by `ump_identify`.
@@ -135,6 +141,16 @@ struct ump_capabilities {
   char mode_reason[256];
   // The first `min(device_count, UMP_MAX_DEVICES)` devices.
   struct ump_device_caps devices[UMP_MAX_DEVICES];
+  // The memory of the host side (NumPy, `ump_malloc`): `UMP_KIND_HOST`, `_SYSTEM`,
+  // `_REGISTERED` (pinned host memory mapped for every device) or `_MANAGED`.
+  enum ump_kind host_side;
+  // The memory of the device side (CuPy, PyTorch): `UMP_KIND_SYSTEM`, `_MANAGED`,
+  // `_REGISTERED`, `_DEVICE`, or `UMP_KIND_UNKNOWN` for none (no GPU).
+  enum ump_kind device_side;
+  // Why the host side has that memory, NUL-terminated.
+  char host_reason[256];
+  // Why the device side has that memory, NUL-terminated.
+  char device_reason[256];
 };
 
 // What `ump_identify` knows of an address. Versioned like `ump_capabilities`.
@@ -222,6 +238,14 @@ struct ump_stats {
   uint64_t errors_double_free;
   uint64_t errors_bad_size;
   uint64_t errors_other;
+  // NumPy allocations served by plain host memory because the host side's own memory was
+  // not available (the pinned cap reached, pinning failed, or a `fork()` child).
+  uint64_t host_fallback_allocs;
+  // Bytes the host side's fallback pool holds now.
+  uint64_t host_fallback_mapped;
+  // Bytes of host memory pinned now (both sides), and the cap (`UMP_ALLOC_PINNED_LIMIT`).
+  uint64_t pinned;
+  uint64_t pinned_cap;
 };
 
 // What a scope saw, filled by `ump_scope_end_ex`. Versioned like `ump_stats`.
@@ -243,6 +267,8 @@ struct ump_scope_report {
   // The live blocks were freed at the end (false for `UMP_SCOPE_KEEP_LIVE`).
   bool freed;
 };
+
+
 
 
 

@@ -82,7 +82,15 @@ def cupy_arrays_are_host_readable():
 
 
 def _expect_kind():
-    return {"managed": "managed", "registered": "registered", "device": "device", "system": "system"}.get(_mode(), "managed")
+    """The kind of memory CuPy and PyTorch get in the mode under test (the device side)."""
+    return {"managed": "managed", "registered": "registered", "device": "device", "system": "system",
+            "pinned": "managed"}.get(_mode(), "managed")
+
+
+def _expect_host_kind():
+    """The kind of memory NumPy gets in the mode under test (the host side)."""
+    return {"managed": "managed", "registered": "registered", "device": "host", "system": "system",
+            "pinned": "registered"}.get(_mode(), "registered")
 
 
 def cupy_workload_matches_default():
@@ -217,7 +225,7 @@ def system_mode_refused():
         ump_alloc.enable()
     except ump_alloc.UmpError as e:
         msg = str(e)
-        assert "pageable memory access" in msg and "UMP_ALLOC_MODE=managed" in msg, msg
+        assert "pageable memory access" in msg and "UMP_ALLOC_MODE=pinned" in msg, msg
         print("refused:", msg)
     else:
         raise AssertionError("mode system was accepted on a GPU without HMM")
@@ -229,9 +237,18 @@ def auto_mode():
     ump_alloc.enable(cupy=False, torch=False)
     c = ump_alloc.capabilities()
     print("auto ->", ump_alloc.mode(), "|", c["mode_reason"])
+    print("  host side:", c["host_side"], "|", c["host_reason"])
+    print("  device side:", c["device_side"], "|", c["device_reason"])
     d = c["devices"][0]
-    expect = "system" if d["pageable_memory_access"] else "managed" if d["concurrent_managed_access"] else "registered"
-    assert ump_alloc.mode() == expect
+    if d["pageable_memory_access"]:
+        assert ump_alloc.mode() == "system"
+    else:
+        assert c["host_side"] == "pinned", c
+        assert c["device_side"] == ("managed" if d["concurrent_managed_access"] else "pinned"), c
+    a = np.ones(1000)
+    ident = ump_alloc.identify(a)
+    assert ident.kind == {"pinned": "registered", "system": "system"}[c["host_side"]], ident
+    assert ident.device_accessible, ident
 
 
 def managed_fresh_reads_zero():
@@ -625,3 +642,103 @@ def headroom_keeps_device_memory_free():
     for i, a in enumerate(arrs):
         h = ump_alloc.asnumpy(a)
         assert (h == np.float32(i + 1.5)).all()
+
+
+def pinned_cap_fallback():
+    """Past UMP_ALLOC_PINNED_LIMIT, NumPy gets plain host memory: one warning, a counter, arrays
+    that work, and GPU libraries that copy them instead of reading them in place."""
+    import io
+    import contextlib
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    rng = np.random.default_rng(3)
+    arrays = [rng.random(4 * 2**20 // 8) for _ in range(24)]  # 24 x 4 MiB against a 64 MiB cap
+    kinds = [ump_alloc.identify(a).kind for a in arrays]
+    print("kinds:", kinds)
+    assert kinds[0] == "registered" and kinds[-1] == "host", kinds
+    s = ump_alloc.stats()
+    assert s["host_fallback"]["allocs"] > 0 and s["pinned"]["bytes"] <= s["pinned"]["cap"] == 64 << 20, s
+    for a in arrays:
+        g = cp.asarray(a)                          # a copy either way
+        np.testing.assert_array_equal(cp.asnumpy(g), a)
+        v = ump_alloc.asarray(a, like="cupy")      # zero-copy only where the GPU can reach it
+        assert ump_alloc.is_zero_copy(a, v) == (ump_alloc.identify(a).kind == "registered")
+        np.testing.assert_array_equal(cp.asnumpy(v * 2), a * 2)
+    # The warning came once.
+    print("fallback allocations:", s["host_fallback"])
+
+
+def fork_child_of_a_cuda_process():
+    """After fork(), the child reads and writes the parent's NumPy arrays, makes new ones without
+    any CUDA call, and CuPy use there fails with a clear error, not a crash."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    rng = np.random.default_rng(9)
+    parent = rng.random(8 * 2**20 // 8)
+    want = float(parent.sum())
+    g = cp.asarray(parent)                         # CUDA is in use in the parent
+    assert float(g.sum()) == want
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            assert float(parent.sum()) == want     # read
+            parent[:10] = -1                       # write (the child's own copy)
+            kids = [np.full(n, 2.0) for n in (10, 1000, 2**20, 16 * 2**20)]  # allocate
+            assert all(float(k[-1]) == 2.0 and ump_alloc.handles(k) for k in kids)
+            assert ump_alloc.stats()["host_fallback"]["allocs"] >= 0
+            try:
+                cp.zeros(10) + 1
+                msg = "no error"
+            except Exception as e:  # noqa: BLE001
+                msg = f"{type(e).__name__}: {e}"
+            os.write(w, msg.encode()[:500])
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    msg = os.read(r, 600).decode()
+    print("child status", status, "| CuPy in the child:", msg)
+    assert status == 0, status
+    assert msg and msg != "no error", msg
+    assert float(parent.sum()) == want, "the child's writes stayed in the child"
+
+
+def dataloader_fork_workers():
+    """torch DataLoader(num_workers=4), fork start method, over a Dataset of NumPy arrays made on
+    ump-alloc, batches sent to the GPU: right batches, no crash, no hang."""
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    import ump_alloc
+
+    assert ump_alloc.handles(np.ones(10)), "UMP_ALLOC=1 put NumPy on ump-alloc"
+    rng = np.random.default_rng(21)
+    data = [rng.random((64, 64)).astype(np.float32) for _ in range(256)]
+    model = torch.nn.Linear(64, 8).cuda()          # CUDA in use in the parent before the fork
+
+    class DS(Dataset):
+        def __len__(self):
+            return len(data)
+
+        def __getitem__(self, i):
+            x = data[i] * 2.0                      # a new array in the worker
+            return torch.from_numpy(x), i
+
+    dl = DataLoader(DS(), batch_size=16, num_workers=4, multiprocessing_context="fork", timeout=120)
+    seen = 0
+    for x, idx in dl:
+        x = x.cuda(non_blocking=True)
+        expect = torch.from_numpy(np.stack([data[i] * 2.0 for i in idx.tolist()])).cuda()
+        assert torch.equal(x, expect)
+        model(x).sum().item()
+        seen += len(idx)
+    assert seen == len(data)
+    print("batches ok:", seen)

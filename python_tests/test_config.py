@@ -116,9 +116,11 @@ def test_info_and_demo_commands():
 
 def test_capabilities_shape():
     c = ump_alloc.capabilities()
-    assert c["version"] == 1
+    assert c["version"] == 2
+    assert c["host_side"] in ("host", "system", "pinned", "managed") and c["host_reason"]
+    assert c["device_side"] in ("none", "system", "managed", "pinned", "device") and c["device_reason"]
     assert c["alignment"] >= 16
-    assert c["mode"] in ("host", "system", "managed", "registered", "device")
+    assert c["mode"] in ("host", "system", "managed", "registered", "device", "pinned", "custom")
     assert c["mode_reason"]
     assert c["device_count"] == len(c["devices"])
     if not GPU:
@@ -130,3 +132,20 @@ def test_config_table_lists_every_variable():
     for n in ["UMP_ALLOC", "UMP_ALLOC_MODE", "UMP_ALLOC_ALIGNMENT", "UMP_ALLOC_LIMIT", "UMP_ALLOC_LIBRARY"]:
         assert n in names
     assert ump_alloc.last_error() is None
+
+
+def test_sides_are_validated_and_shown():
+    # No GPU here: a GPU side is refused with the fix named; a bad value names the variable.
+    r = run_python("import ump_alloc; ump_alloc.enable()", env={"UMP_ALLOC_NO_CUDA": "1", "UMP_ALLOC_HOST_SIDE": "pinned"},
+                   check=False)
+    assert r.returncode != 0 and "host side 'pinned' is not available" in r.stderr
+    assert "UMP_ALLOC_HOST_SIDE=host" in r.stderr
+    r = run_python("import ump_alloc; ump_alloc.enable()", env={"UMP_ALLOC_DEVICE_SIDE": "gpu"}, check=False)
+    assert r.returncode != 0 and "UMP_ALLOC_DEVICE_SIDE" in r.stderr
+    r = run_python("import ump_alloc; ump_alloc.enable()", env={"UMP_ALLOC_PINNED_LIMIT": "200%"}, check=False)
+    assert r.returncode != 0 and "UMP_ALLOC_PINNED_LIMIT" in r.stderr
+    r = run_python("import ump_alloc.__main__ as m; m.main(['info'])", env={"UMP_ALLOC_NO_CUDA": "1"})
+    assert "host side (NumPy):            host" in r.stdout
+    assert "device side (CuPy, PyTorch):  none" in r.stdout
+    for var in ("UMP_ALLOC_HOST_SIDE", "UMP_ALLOC_DEVICE_SIDE", "UMP_ALLOC_PINNED_LIMIT"):
+        assert var in r.stdout

@@ -29,6 +29,8 @@ def supported_modes():
         modes.append("managed")
     if all(x["host_register_supported"] and x["host_pointer_for_registered_mem"] for x in d):
         modes.append("registered")
+        if "managed" in modes:
+            modes.append("pinned")
     if all(x["pageable_memory_access"] for x in d):
         modes.append("system")
     return modes
@@ -108,7 +110,7 @@ def test_env_var_enables_everything_without_code_change():
     r = run_python(code, env={"UMP_ALLOC": "1"})
     words = r.stdout.split()
     assert words[:3] == ["True", "True", "True"], r.stdout + r.stderr
-    assert words[3] in ("managed", "system", "registered")
+    assert words[3] in ("pinned", "system"), r.stdout
 
 
 def test_torch_too_late_is_explained():
@@ -178,3 +180,18 @@ def test_headroom_keeps_device_memory_free():
     free = int(run_python("import cupy; print(cupy.cuda.runtime.memGetInfo()[0])").stdout.split()[-1])
     check("headroom_keeps_device_memory_free", "managed", {"UMP_ALLOC_HEADROOM": str(max(0, free - (512 << 20)))})
     assert total > 0
+
+
+@pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
+def test_pinned_cap_falls_back_to_plain_memory_with_one_warning():
+    r = check("pinned_cap_fallback", "pinned", {"UMP_ALLOC_PINNED_LIMIT": "64M"})
+    assert r.stderr.count("ump-alloc: warning:") == 1, r.stderr
+
+
+@pytest.mark.parametrize("mode", [m for m in supported_modes() if m != "managed"] or ["pinned"])
+def test_fork_child_of_a_cuda_process(mode):
+    check("fork_child_of_a_cuda_process", mode)
+
+
+def test_dataloader_fork_workers():
+    check("dataloader_fork_workers", None, {"UMP_ALLOC": "1"})

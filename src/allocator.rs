@@ -8,7 +8,8 @@ use crate::backing::{
 use crate::config::{self, Config};
 use crate::error::ERRORS;
 use crate::error::{Error, Result, Status};
-use crate::mode::{MachineCaps, Mode, ModeRequest};
+use crate::host::HostPools;
+use crate::mode::{DeviceSide, MachineCaps, Mode, ModeRequest, Selection};
 use crate::pool::{self, BlockInfo, Pool};
 use crate::prim::{cuda, os};
 use crate::stats::{
@@ -21,13 +22,16 @@ use std::sync::{Mutex, OnceLock};
 /// The fixed state after initialisation.
 pub struct Allocator {
     pub config: Config,
+    /// The preset the sides make up (or `Custom`).
     pub mode: Mode,
+    /// The sides and why each was chosen.
+    pub selection: Selection,
     pub mode_reason: String,
     pub alignment: usize,
     pub caps: MachineCaps,
     /// Every device reads pageable memory (HMM or ATS).
     hmm: bool,
-    host: &'static Pool,
+    host: HostPools,
     devices: Vec<OnceLock<&'static StreamPools>>,
     device_pool_lock: Mutex<()>,
 }
@@ -108,27 +112,18 @@ pub fn init() -> Result<&'static Allocator> {
             config.alignment = a;
         }
     }
-    let (mode, mode_reason) = caps.select(config.mode)?;
-    let host_backing: Box<dyn Backing> = match mode {
-        Mode::Host | Mode::Device => Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
-        Mode::System => Box::new(HostBacking::new(Kind::UMP_KIND_SYSTEM)),
-        Mode::Managed => Box::new(ManagedBacking::new(-1, 0)),
-        Mode::Registered => Box::new(RegisteredBacking::new(-1)),
-    };
-    let retain = if matches!(mode, Mode::Host | Mode::Device | Mode::System) {
-        config.host_retain
-    } else {
-        usize::MAX
-    };
-    let host = Pool::new(host_backing, config.alignment, config.limit, retain);
+    let selection = caps.select_sides(config.mode, config.host_side, config.device_side)?;
+    crate::backing::set_pinned_cap(config.pinned_limit.bytes(os::memory_available()));
+    let host = HostPools::new(selection.sides.host, &config);
     let devices = (0..caps.devices.len()).map(|_| OnceLock::new()).collect();
     let hmm = caps.pageable_everywhere();
     let a = Allocator {
         hmm,
         alignment: config.alignment,
         config,
-        mode,
-        mode_reason,
+        mode: selection.mode,
+        mode_reason: selection.reason(),
+        selection,
         caps,
         host,
         devices,
@@ -183,18 +178,30 @@ pub fn set_alignment(n: usize) -> Result<()> {
 }
 
 impl Allocator {
-    /// The pool behind NumPy and the C malloc family.
+    /// The pool behind NumPy and the C malloc family (the host side's own kind of memory).
     pub fn host_pool(&self) -> &'static Pool {
-        self.host
+        self.host.primary()
+    }
+
+    /// The host side: its pool and its fallback.
+    pub fn host(&self) -> &HostPools {
+        &self.host
     }
 
     /// The stream pools for GPU libraries on `device`, made on first use.
     pub fn device_pools(&self, device: i32) -> Result<&'static StreamPools> {
-        if self.mode == Mode::Host {
+        let side = self.selection.sides.device;
+        if side == DeviceSide::None {
             return Err(Error::unsupported(format!(
-                "no GPU memory in mode 'host' ({})",
-                self.mode_reason
+                "no GPU memory: the device side is 'none' ({})",
+                self.selection.device_reason
             )));
+        }
+        if crate::fork::is_fork_child() {
+            return Err(Error::unsupported(
+                "GPU memory cannot be allocated in a fork() child of a process that used CUDA; \
+                 start workers with multiprocessing's 'spawn' or 'forkserver' method",
+            ));
         }
         let slot = usize::try_from(device)
             .ok()
@@ -213,25 +220,29 @@ impl Allocator {
             return Ok(p);
         }
         let headroom = self.config.headroom;
-        let make: Box<dyn Fn() -> Box<dyn Backing> + Send + Sync> = match self.mode {
-            Mode::System => {
-                Box::new(move || Box::new(HostBacking::for_device(Kind::UMP_KIND_SYSTEM, device)))
-            }
-            Mode::Managed => Box::new(move || Box::new(ManagedBacking::new(device, headroom))),
-            Mode::Registered => Box::new(move || Box::new(RegisteredBacking::new(device))),
-            Mode::Device => Box::new(move || Box::new(DeviceBacking::new(device))),
-            Mode::Host => unreachable!("checked above"),
+        type Make = Box<dyn Fn() -> Box<dyn Backing> + Send + Sync>;
+        let (make, kind): (Make, Kind) = match side {
+            DeviceSide::System => (
+                Box::new(move || Box::new(HostBacking::for_device(Kind::UMP_KIND_SYSTEM, device))),
+                Kind::UMP_KIND_SYSTEM,
+            ),
+            DeviceSide::Managed => (
+                Box::new(move || Box::new(ManagedBacking::new(device, headroom))),
+                Kind::UMP_KIND_MANAGED,
+            ),
+            DeviceSide::Pinned => (
+                Box::new(move || Box::new(RegisteredBacking::new(device))),
+                Kind::UMP_KIND_REGISTERED,
+            ),
+            DeviceSide::Device | DeviceSide::None => (
+                Box::new(move || Box::new(DeviceBacking::new(device))),
+                Kind::UMP_KIND_DEVICE,
+            ),
         };
-        let retain = if self.mode == Mode::System {
+        let retain = if side == DeviceSide::System {
             self.config.host_retain
         } else {
             usize::MAX
-        };
-        let kind = match self.mode {
-            Mode::System => Kind::UMP_KIND_SYSTEM,
-            Mode::Managed => Kind::UMP_KIND_MANAGED,
-            Mode::Registered => Kind::UMP_KIND_REGISTERED,
-            _ => Kind::UMP_KIND_DEVICE,
         };
         let stats = Box::leak(Box::new(PoolStats::with_parent(crate::stats::device_side(
             kind,
@@ -262,9 +273,10 @@ impl Allocator {
             .collect()
     }
 
-    /// Every pool made so far, host first.
+    /// Every pool made so far, host side first.
     pub fn pools(&self) -> Vec<&'static Pool> {
-        std::iter::once(self.host)
+        self.host
+            .pools()
             .chain(self.device_groups().into_iter().flat_map(|g| g.pools()))
             .collect()
     }
@@ -307,6 +319,10 @@ pub fn collect_stats() -> ump_stats {
         errors_double_free: c(&ERRORS.double_free),
         errors_bad_size: c(&ERRORS.bad_size),
         errors_other: c(&ERRORS.other),
+        host_fallback_allocs: 0,
+        host_fallback_mapped: 0,
+        pinned: 0,
+        pinned_cap: 0,
     };
     let Some(a) = get() else {
         return s;
@@ -315,7 +331,13 @@ pub fn collect_stats() -> ump_stats {
     s.mode = a.mode.to_c();
     let host = a.host_pool();
     s.host = host.stats.usage();
-    s.host.cached = host.cached_bytes() as u64;
+    s.host.cached = a.host.cached_bytes() as u64;
+    let (fb_allocs, fb_mapped) = a.host.fallback_usage();
+    s.host_fallback_allocs = fb_allocs;
+    s.host_fallback_mapped = fb_mapped as u64;
+    let (pinned, cap) = crate::backing::pinned();
+    s.pinned = pinned as u64;
+    s.pinned_cap = cap as u64;
     s.host_kind = host.kind();
     s.kinds[host.kind() as usize].add(&s.host);
     s.total.add(&s.host);
@@ -357,7 +379,7 @@ pub fn reset_peaks() {
 /// malloc: `n` bytes, aligned; 0 yields a unique block.
 #[inline]
 pub fn malloc(n: usize) -> Result<usize> {
-    let ptr = instance()?.host_pool().alloc(n)?.ptr;
+    let ptr = instance()?.host.alloc(n)?.ptr;
     crate::scope::on_alloc(ptr, n);
     Ok(ptr)
 }
@@ -367,7 +389,7 @@ pub fn calloc(nelem: usize, elsize: usize) -> Result<usize> {
     let n = nelem
         .checked_mul(elsize)
         .ok_or_else(|| Error::bad_size(format!("{nelem} * {elsize} bytes overflows")))?;
-    let a = instance()?.host_pool().alloc(n)?;
+    let a = instance()?.host.alloc(n)?;
     if !a.zeroed && n > 0 {
         // SAFETY: host-accessible block of at least n bytes, just allocated.
         unsafe { std::ptr::write_bytes(a.ptr as *mut u8, 0, n) };
@@ -421,7 +443,11 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
     if info.pool.resize_in_place(&info, n) {
         return Ok(ptr);
     }
-    let new = info.pool.alloc(n)?.ptr;
+    let new = if info.pool.is_stream_ordered() {
+        info.pool.alloc(n)?.ptr
+    } else {
+        instance()?.host.alloc(n)?.ptr
+    };
     // SAFETY: both blocks are host-accessible, distinct, and at least this long.
     unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, new as *mut u8, info.size.min(n)) };
     crate::scope::on_move(ptr, new, n);

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::prim::{cuda, os};
 use crate::registry::GRANULE;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// What kind of memory a block is, as reported by `ump_identify`.
 #[repr(C)]
@@ -246,8 +247,31 @@ impl Backing for ManagedBacking {
     }
 }
 
-/// Host memory registered with CUDA, mapped at the same address on every device
-/// (mode `registered`). Registration costs about 25 ms per GiB, so chunks are cached above.
+/// Bytes of host memory pinned by every [`RegisteredBacking`] of the process.
+static PINNED: AtomicUsize = AtomicUsize::new(0);
+/// The cap on [`PINNED`] (`UMP_ALLOC_PINNED_LIMIT`), set once at initialisation.
+static PINNED_CAP: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Set the cap on pinned host memory (at initialisation).
+pub fn set_pinned_cap(bytes: usize) {
+    PINNED_CAP.store(bytes, Ordering::Relaxed);
+}
+
+/// Bytes of host memory pinned now, and the cap.
+pub fn pinned() -> (usize, usize) {
+    (
+        PINNED.load(Ordering::Relaxed),
+        PINNED_CAP.load(Ordering::Relaxed),
+    )
+}
+
+/// Pinned host memory: anonymous mappings registered with CUDA (cuMemHostRegister, portable
+/// and mapped), at the same address on every device: NumPy's side without HMM/ATS (host side
+/// `pinned`), and both sides of mode `registered`. Registering costs about 25 ms per GiB plus
+/// populating the pages, so chunks are cached above (the host pool keeps idle pinned chunks
+/// for a while: see `Pool`'s decay). Every chunk counts against the process's pinned cap;
+/// past it, and in a `fork()` child (no CUDA there), `map` refuses with `UMP_ERR_UNSUPPORTED`
+/// and the host side falls back to plain memory.
 pub struct RegisteredBacking {
     device: i32,
 }
@@ -266,11 +290,37 @@ impl Backing for RegisteredBacking {
         self.device
     }
     fn map(&self, size: usize) -> Result<Chunk> {
-        let p = os::map_aligned(size, GRANULE)
-            .ok_or_else(|| Error::oom(format!("the OS refused a mapping of {size} bytes")))?;
+        if !cuda::available() {
+            return Err(Error::unsupported(
+                "pinned host memory needs CUDA (not available here, e.g. in a fork() child)",
+            ));
+        }
+        let cap = PINNED_CAP.load(Ordering::Relaxed);
+        if PINNED
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                p.checked_add(size).filter(|&t| t <= cap)
+            })
+            .is_err()
+        {
+            return Err(Error::unsupported(format!(
+                "the cap on pinned host memory ({} MiB, UMP_ALLOC_PINNED_LIMIT) is reached",
+                cap >> 20
+            )));
+        }
+        let Some(p) = os::map_aligned(size, GRANULE) else {
+            PINNED.fetch_sub(size, Ordering::Relaxed);
+            return Err(Error::oom(format!(
+                "the OS refused a mapping of {size} bytes"
+            )));
+        };
         let base = p.as_ptr() as usize;
+        // Huge pages before the pages are populated (registering populates them).
+        if size >= HUGEPAGE_MIN {
+            os::advise_hugepage(base as *mut u8, size);
+        }
         // SAFETY: the mapping is ours and stays until unmap, which unregisters first.
         if let Err(e) = unsafe { cuda::register(base, size, self.device) } {
+            PINNED.fetch_sub(size, Ordering::Relaxed);
             // SAFETY: never handed out.
             unsafe { os::unmap(p, size) };
             return Err(e);
@@ -284,20 +334,18 @@ impl Backing for RegisteredBacking {
         })
     }
     unsafe fn unmap(&self, chunk: &Chunk) {
-        // SAFETY: forwarded from the caller's contract; registered in `map`.
+        // SAFETY: forwarded from the caller's contract; registered in `map`. In a fork()
+        // child the call is refused (the registration belongs to the parent) and the pages,
+        // the child's own copies, are simply unmapped.
         let _ = unsafe { cuda::unregister(chunk.raw, self.device) };
         if let Some(p) = NonNull::new(chunk.raw as *mut u8) {
             // SAFETY: forwarded from the caller's contract.
             unsafe { os::unmap(p, chunk.raw_size) };
         }
+        PINNED.fetch_sub(chunk.raw_size, Ordering::Relaxed);
     }
     fn fresh_is_zero(&self) -> bool {
         true
-    }
-    fn advise_block(&self, ptr: usize, size: usize) {
-        if size >= HUGEPAGE_MIN {
-            os::advise_hugepage(ptr as *mut u8, size);
-        }
     }
 }
 

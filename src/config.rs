@@ -3,7 +3,7 @@
 //! `ump_init`), validated, and never re-read; `python -m ump_alloc info` prints the result.
 
 use crate::error::{Error, Result};
-use crate::mode::ModeRequest;
+use crate::mode::{DeviceSide, HostSide, ModeRequest, SideRequest};
 use std::ffi::CStr;
 
 /// Default alignment: CuPy's allocation unit.
@@ -17,6 +17,10 @@ pub(crate) const MAX_ALIGNMENT: usize = crate::registry::GRANULE;
 pub(crate) const DEFAULT_PREFETCH_MIN: usize = 64 << 10;
 /// Default bytes of free memory a host-memory pool keeps cached before it gives chunks back.
 pub(crate) const DEFAULT_HOST_RETAIN: usize = 256 << 20;
+/// Default cap on pinned host memory, in percent of the machine's memory (or of the cgroup's
+/// limit, when lower): pinned pages cannot be swapped or reclaimed, so half of memory stays
+/// pageable for the OS, the page cache and other processes.
+pub(crate) const DEFAULT_PINNED_PERCENT: usize = 50;
 
 /// One row of the configuration table.
 pub struct Var {
@@ -36,7 +40,22 @@ pub const VARS: &[Var] = &[
     Var {
         name: c"UMP_ALLOC_MODE",
         default: c"auto",
-        help: c"auto | system | managed | registered | device | host",
+        help: c"auto | pinned | system | managed | registered | device | host (both sides at once)",
+    },
+    Var {
+        name: c"UMP_ALLOC_HOST_SIDE",
+        default: c"auto",
+        help: c"memory for NumPy: auto | pinned | system | managed | host (overrides the mode's)",
+    },
+    Var {
+        name: c"UMP_ALLOC_DEVICE_SIDE",
+        default: c"auto",
+        help: c"memory for CuPy and PyTorch: auto | managed | system | pinned | device (overrides the mode's)",
+    },
+    Var {
+        name: c"UMP_ALLOC_PINNED_LIMIT",
+        default: c"50%",
+        help: c"cap on pinned host memory (bytes such as 16G, or a percentage of RAM); beyond it NumPy gets plain host memory",
     },
     Var {
         name: c"UMP_ALLOC_ALIGNMENT",
@@ -75,10 +94,31 @@ pub const VARS: &[Var] = &[
     },
 ];
 
+/// A cap on pinned host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinnedLimit {
+    Bytes(usize),
+    /// Percent of the machine's memory (or of the cgroup's limit, when lower).
+    Percent(usize),
+}
+
+impl PinnedLimit {
+    /// The cap in bytes, given the memory available to this process.
+    pub fn bytes(self, memory: usize) -> usize {
+        match self {
+            PinnedLimit::Bytes(b) => b,
+            PinnedLimit::Percent(p) => memory / 100 * p,
+        }
+    }
+}
+
 /// The validated configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub mode: ModeRequest,
+    pub host_side: SideRequest<HostSide>,
+    pub device_side: SideRequest<DeviceSide>,
+    pub pinned_limit: PinnedLimit,
     pub alignment: usize,
     pub limit: Option<usize>,
     pub host_retain: usize,
@@ -91,6 +131,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             mode: ModeRequest::Auto,
+            host_side: SideRequest::Auto,
+            device_side: SideRequest::Auto,
+            pinned_limit: PinnedLimit::Percent(DEFAULT_PINNED_PERCENT),
             alignment: DEFAULT_ALIGNMENT,
             limit: None,
             host_retain: DEFAULT_HOST_RETAIN,
@@ -117,6 +160,21 @@ impl Config {
         if let Some(v) = get("UMP_ALLOC_MODE") {
             c.mode = ModeRequest::parse(&v)
                 .map_err(|e| Error::config(format!("UMP_ALLOC_MODE={v:?}: {e}")))?;
+        }
+        if let Some(v) = get("UMP_ALLOC_HOST_SIDE") {
+            c.host_side = parse_side(&v, HostSide::parse).map_err(|e| {
+                Error::config(format!(
+                    "UMP_ALLOC_HOST_SIDE={v:?}: {e}; expected auto, pinned, system, managed or host"
+                ))
+            })?;
+        }
+        if let Some(v) = get("UMP_ALLOC_DEVICE_SIDE") {
+            c.device_side = parse_side(&v, DeviceSide::parse)
+                .map_err(|e| Error::config(format!("UMP_ALLOC_DEVICE_SIDE={v:?}: {e}; expected auto, managed, system, pinned or device")))?;
+        }
+        if let Some(v) = get("UMP_ALLOC_PINNED_LIMIT") {
+            c.pinned_limit = parse_pinned_limit(&v)
+                .map_err(|e| Error::config(format!("UMP_ALLOC_PINNED_LIMIT={v:?}: {e}")))?;
         }
         if let Some(v) = get("UMP_ALLOC_ALIGNMENT") {
             c.alignment = parse_alignment(&v)
@@ -146,6 +204,32 @@ impl Config {
         }
         Ok(c)
     }
+}
+
+fn parse_side<T>(
+    v: &str,
+    parse: fn(&str) -> Option<T>,
+) -> std::result::Result<SideRequest<T>, String> {
+    if v.trim().eq_ignore_ascii_case("auto") {
+        return Ok(SideRequest::Auto);
+    }
+    parse(v)
+        .map(SideRequest::Forced)
+        .ok_or_else(|| "unknown side".to_string())
+}
+
+/// Parse a pinned-memory cap: a byte count, or a percentage of memory (`50%`, 1 ..= 100).
+pub fn parse_pinned_limit(v: &str) -> std::result::Result<PinnedLimit, String> {
+    if let Some(p) = v.trim().strip_suffix('%') {
+        let n: usize = p.trim().parse().map_err(|_| {
+            "expected a percentage such as 50% or a byte count such as 16G".to_string()
+        })?;
+        if !(1..=100).contains(&n) {
+            return Err(format!("{n}% is outside 1% ..= 100%"));
+        }
+        return Ok(PinnedLimit::Percent(n));
+    }
+    parse_bytes(v).map(PinnedLimit::Bytes)
 }
 
 /// Validate an alignment given as text.
@@ -268,8 +352,41 @@ mod tests {
     }
 
     #[test]
+    fn sides_and_pinned_limit() {
+        let c = cfg(&[
+            ("UMP_ALLOC_HOST_SIDE", "Pinned"),
+            ("UMP_ALLOC_DEVICE_SIDE", "device"),
+            ("UMP_ALLOC_PINNED_LIMIT", "25%"),
+        ])
+        .unwrap();
+        assert_eq!(c.host_side, SideRequest::Forced(HostSide::Pinned));
+        assert_eq!(c.device_side, SideRequest::Forced(DeviceSide::Device));
+        assert_eq!(c.pinned_limit, PinnedLimit::Percent(25));
+        assert_eq!(c.pinned_limit.bytes(1000), 250);
+        assert_eq!(
+            cfg(&[("UMP_ALLOC_PINNED_LIMIT", "16G")])
+                .unwrap()
+                .pinned_limit,
+            PinnedLimit::Bytes(16 << 30)
+        );
+        for (k, v) in [
+            ("UMP_ALLOC_HOST_SIDE", "device"),
+            ("UMP_ALLOC_DEVICE_SIDE", "none"),
+            ("UMP_ALLOC_PINNED_LIMIT", "0%"),
+            ("UMP_ALLOC_PINNED_LIMIT", "150%"),
+            ("UMP_ALLOC_PINNED_LIMIT", "lots"),
+        ] {
+            let e = cfg(&[(k, v)]).unwrap_err();
+            assert!(e.msg.contains(k), "{}", e.msg);
+        }
+    }
+
+    #[test]
     fn table_names_every_variable_read() {
         for name in [
+            "UMP_ALLOC_HOST_SIDE",
+            "UMP_ALLOC_DEVICE_SIDE",
+            "UMP_ALLOC_PINNED_LIMIT",
             "UMP_ALLOC_PREFETCH_MIN",
             "UMP_ALLOC_MODE",
             "UMP_ALLOC_ALIGNMENT",

@@ -79,6 +79,10 @@ impl Error {
     pub fn oom(msg: impl Into<String>) -> Self {
         Self::new(Status::UMP_ERR_OOM, msg)
     }
+    /// Out of memory because `UMP_ALLOC_LIMIT` is reached (no other memory may be used).
+    pub fn limit(msg: impl Into<String>) -> Self {
+        Self::new(Status::UMP_ERR_OOM, msg).with_class(ErrorClass::Limit)
+    }
     pub fn config(msg: impl Into<String>) -> Self {
         Self::new(Status::UMP_ERR_CONFIG, msg)
     }
@@ -128,6 +132,8 @@ pub enum ErrorClass {
     DoubleFree,
     BadSize,
     Oom,
+    /// Out of memory at `UMP_ALLOC_LIMIT` (counted with `Oom`).
+    Limit,
     Other,
 }
 
@@ -142,7 +148,7 @@ pub fn report(err: &Error) -> Status {
         ErrorClass::InvalidFree => &ERRORS.invalid_free,
         ErrorClass::DoubleFree => &ERRORS.double_free,
         ErrorClass::BadSize => &ERRORS.bad_size,
-        ErrorClass::Oom => &ERRORS.oom,
+        ErrorClass::Oom | ErrorClass::Limit => &ERRORS.oom,
         ErrorClass::Other => &ERRORS.other,
     };
     counter.fetch_add(1, Ordering::Relaxed);

@@ -55,6 +55,7 @@ fn parent() {
 
 fn child() {
     CHILD.store(true, Ordering::Relaxed);
+    crate::prim::cuda::after_fork_child();
     HELD.with(|h| h.borrow_mut().take());
     crate::pool::tcache_fork_child();
 }

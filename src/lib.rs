@@ -21,6 +21,7 @@ pub mod config;
 pub mod error;
 pub mod ffi;
 pub mod fork;
+pub mod host;
 pub mod mode;
 pub mod pool;
 pub mod prim;

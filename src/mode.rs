@@ -1,28 +1,131 @@
 //! Modes and their selection: plain policy over the capabilities the CUDA module reports.
 //! Nothing here calls the driver, so every rule is tested with injected capabilities.
+//!
+//! ump-alloc serves two *sides*, each with its own kind of memory:
+//! - the **host side**: NumPy and the C malloc family ([`HostSide`]);
+//! - the **device side**: CuPy and PyTorch ([`DeviceSide`]).
+//!
+//! `auto` chooses per machine: with HMM or ATS on every device, system memory on both sides
+//! (the GPU reads pageable memory); without (most x86 GPU servers), **pinned host memory**
+//! mapped for every device on the host side, so that every copy runs at DMA speed and `fork()`
+//! children can use the arrays, and **managed memory** on the device side, so that kernels run
+//! at device speed and the host can view GPU arrays; with no GPU, plain host memory.
+//! `UMP_ALLOC_MODE` names a preset pair ([`Mode`]); `UMP_ALLOC_HOST_SIDE` and
+//! `UMP_ALLOC_DEVICE_SIDE` choose one side each.
 
 use crate::error::{Error, Result};
 
-/// Where memory comes from. The same mode governs every entry point (NumPy, CuPy, PyTorch).
+/// The pair of sides in force, as a C value: a preset, or `UMP_MODE_CUSTOM`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum ump_mode {
     /// Not decided yet (no allocation and no `ump_init` so far).
     UMP_MODE_UNSET = 0,
-    /// No GPU: plain aligned host memory everywhere.
+    /// No GPU: plain aligned host memory for NumPy; no GPU memory.
     UMP_MODE_HOST = 1,
-    /// System-allocated memory (malloc-backed), read by the GPU through HMM or ATS.
+    /// System-allocated memory (malloc-backed) on both sides, read by the GPU through HMM or ATS.
     UMP_MODE_SYSTEM = 2,
-    /// CUDA managed memory (cuMemAllocManaged).
+    /// CUDA managed memory (cuMemAllocManaged) on both sides.
     UMP_MODE_MANAGED = 3,
-    /// Host memory registered with cuMemHostRegister, mapped at the same address on the device.
+    /// Pinned host memory (cuMemHostRegister), mapped at the same address on every device, on
+    /// both sides.
     UMP_MODE_REGISTERED = 4,
-    /// "UMP off": device memory for GPU libraries, plain aligned host memory for NumPy.
+    /// "UMP off": plain aligned host memory for NumPy, device memory for GPU libraries.
     UMP_MODE_DEVICE = 5,
+    /// Pinned host memory mapped for every device for NumPy, managed memory for GPU libraries
+    /// (the `auto` choice on GPUs without HMM or ATS).
+    UMP_MODE_PINNED = 6,
+    /// Another pair, chosen with `UMP_ALLOC_HOST_SIDE` / `UMP_ALLOC_DEVICE_SIDE`.
+    UMP_MODE_CUSTOM = 7,
 }
 
-/// The modes a machine can run (all but `UNSET`).
+/// Memory for the host side: NumPy and the C malloc family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostSide {
+    /// Plain aligned host memory (copies for the GPU).
+    Host,
+    /// System memory that every GPU reads through HMM or ATS.
+    System,
+    /// Pinned host memory, mapped at the same address for every device.
+    Pinned,
+    /// Managed memory (not usable in a `fork()` child).
+    Managed,
+}
+
+/// Memory for the device side: CuPy and PyTorch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceSide {
+    /// No GPU memory (no usable GPU, or mode `host`).
+    None,
+    /// System memory, read by the GPU through HMM or ATS.
+    System,
+    /// Managed memory, preferred on the device.
+    Managed,
+    /// Pinned host memory mapped for the device (kernels reach it over the bus).
+    Pinned,
+    /// Plain device memory (the host cannot view it).
+    Device,
+}
+
+impl HostSide {
+    pub const ALL: [HostSide; 4] = [
+        HostSide::Host,
+        HostSide::System,
+        HostSide::Pinned,
+        HostSide::Managed,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HostSide::Host => "host",
+            HostSide::System => "system",
+            HostSide::Pinned => "pinned",
+            HostSide::Managed => "managed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<HostSide> {
+        HostSide::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+impl DeviceSide {
+    pub const ALL: [DeviceSide; 4] = [
+        DeviceSide::System,
+        DeviceSide::Managed,
+        DeviceSide::Pinned,
+        DeviceSide::Device,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceSide::None => "none",
+            DeviceSide::System => "system",
+            DeviceSide::Managed => "managed",
+            DeviceSide::Pinned => "pinned",
+            DeviceSide::Device => "device",
+        }
+    }
+
+    /// A side a user may ask for (`none` is only ever the result of having no GPU).
+    pub fn parse(s: &str) -> Option<DeviceSide> {
+        DeviceSide::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+/// The kinds of memory of both sides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Sides {
+    pub host: HostSide,
+    pub device: DeviceSide,
+}
+
+/// A preset pair of sides (`UMP_ALLOC_MODE`), or another pair (`Custom`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mode {
     Host,
@@ -30,18 +133,20 @@ pub enum Mode {
     Managed,
     Registered,
     Device,
+    Pinned,
+    Custom,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [
+    /// The presets a user may name.
+    pub const PRESETS: [Mode; 6] = [
         Mode::Host,
         Mode::System,
         Mode::Managed,
         Mode::Registered,
         Mode::Device,
+        Mode::Pinned,
     ];
-    /// The order `auto` tries.
-    pub const AUTO_ORDER: [Mode; 4] = [Mode::System, Mode::Managed, Mode::Registered, Mode::Host];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -50,11 +155,13 @@ impl Mode {
             Mode::Managed => "managed",
             Mode::Registered => "registered",
             Mode::Device => "device",
+            Mode::Pinned => "pinned",
+            Mode::Custom => "custom",
         }
     }
 
     pub fn parse(s: &str) -> Option<Mode> {
-        Mode::ALL
+        Mode::PRESETS
             .into_iter()
             .find(|m| m.name().eq_ignore_ascii_case(s.trim()))
     }
@@ -66,16 +173,35 @@ impl Mode {
             Mode::Managed => ump_mode::UMP_MODE_MANAGED,
             Mode::Registered => ump_mode::UMP_MODE_REGISTERED,
             Mode::Device => ump_mode::UMP_MODE_DEVICE,
+            Mode::Pinned => ump_mode::UMP_MODE_PINNED,
+            Mode::Custom => ump_mode::UMP_MODE_CUSTOM,
         }
     }
 
-    /// Whether memory handed to GPU libraries in this mode is also readable by the host.
-    pub fn shares_memory(self) -> bool {
-        matches!(self, Mode::System | Mode::Managed | Mode::Registered)
+    /// The sides of a preset (`Custom` has none of its own).
+    pub fn sides(self) -> Option<Sides> {
+        let (host, device) = match self {
+            Mode::Host => (HostSide::Host, DeviceSide::None),
+            Mode::System => (HostSide::System, DeviceSide::System),
+            Mode::Managed => (HostSide::Managed, DeviceSide::Managed),
+            Mode::Registered => (HostSide::Pinned, DeviceSide::Pinned),
+            Mode::Device => (HostSide::Host, DeviceSide::Device),
+            Mode::Pinned => (HostSide::Pinned, DeviceSide::Managed),
+            Mode::Custom => return None,
+        };
+        Some(Sides { host, device })
+    }
+
+    /// The preset with these sides, or `Custom`.
+    pub fn of(sides: Sides) -> Mode {
+        Mode::PRESETS
+            .into_iter()
+            .find(|m| m.sides() == Some(sides))
+            .unwrap_or(Mode::Custom)
     }
 }
 
-/// What the user asked for: a mode, or `auto`.
+/// What the user asked for: a preset, or `auto`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModeRequest {
     Auto,
@@ -88,7 +214,7 @@ impl ModeRequest {
             return Ok(ModeRequest::Auto);
         }
         Mode::parse(s).map(ModeRequest::Forced).ok_or_else(|| {
-            "unknown mode; expected one of auto, system, managed, registered, device, host"
+            "unknown mode; expected one of auto, pinned, system, managed, registered, device, host"
                 .to_string()
         })
     }
@@ -99,6 +225,13 @@ impl ModeRequest {
             ModeRequest::Forced(m) => m.name(),
         }
     }
+}
+
+/// What the user asked for one side: `auto` (the mode's), or a kind of memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SideRequest<T> {
+    Auto,
+    Forced(T),
 }
 
 /// The capabilities of one device that decide which modes work.
@@ -130,6 +263,38 @@ pub struct MachineCaps {
     pub devices: Vec<DeviceCaps>,
 }
 
+/// The sides chosen, with the reason for each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selection {
+    pub mode: Mode,
+    pub sides: Sides,
+    pub host_reason: String,
+    pub device_reason: String,
+}
+
+impl Selection {
+    /// Both reasons in one line.
+    pub fn reason(&self) -> String {
+        format!(
+            "host side {}: {}; device side {}: {}",
+            self.sides.host.name(),
+            self.host_reason,
+            self.sides.device.name(),
+            self.device_reason
+        )
+    }
+}
+
+type Need = (&'static str, fn(&DeviceCaps) -> bool);
+
+const PAGEABLE: Need = ("pageable memory access (HMM or ATS)", |d| {
+    d.pageable_memory_access
+});
+const MANAGED: Need = ("concurrent managed access", |d| d.concurrent_managed_access);
+const REGISTER: Need = ("host-pointer use of registered memory", |d| {
+    d.host_register_supported && d.host_pointer_for_registered_mem
+});
+
 impl MachineCaps {
     /// A machine with no usable CUDA.
     pub fn no_cuda(why: impl Into<String>) -> Self {
@@ -148,28 +313,19 @@ impl MachineCaps {
         self.cuda_unavailable.is_none() && !self.devices.is_empty()
     }
 
-    /// Whether this machine can run `mode`; if not, the missing capability.
-    pub fn supports(&self, mode: Mode) -> std::result::Result<(), String> {
-        if mode == Mode::Host {
-            return Ok(());
-        }
+    fn no_gpu(&self) -> String {
+        let why = self
+            .cuda_unavailable
+            .clone()
+            .unwrap_or_else(|| "no CUDA device".into());
+        format!("no usable GPU ({why})")
+    }
+
+    /// Whether every device has `need`; if not, the first device that lacks it.
+    fn every_device(&self, need: Need) -> std::result::Result<(), String> {
         if !self.has_gpu() {
-            let why = self
-                .cuda_unavailable
-                .clone()
-                .unwrap_or_else(|| "no CUDA device".into());
-            return Err(format!("no usable GPU ({why})"));
+            return Err(self.no_gpu());
         }
-        let need: (&str, fn(&DeviceCaps) -> bool) = match mode {
-            Mode::System => ("pageable memory access (HMM or ATS)", |d| {
-                d.pageable_memory_access
-            }),
-            Mode::Managed => ("concurrent managed access", |d| d.concurrent_managed_access),
-            Mode::Registered => ("host-pointer use of registered memory", |d| {
-                d.host_register_supported && d.host_pointer_for_registered_mem
-            }),
-            Mode::Device | Mode::Host => return Ok(()),
-        };
         match self.devices.iter().find(|d| !need.1(d)) {
             None => Ok(()),
             Some(d) => Err(format!(
@@ -179,47 +335,167 @@ impl MachineCaps {
         }
     }
 
-    /// Resolve a request to a mode, with the reason. A forced mode the machine cannot do is
-    /// an error naming the missing capability and the mode to use instead.
-    pub fn select(&self, req: ModeRequest) -> Result<(Mode, String)> {
-        let auto = || {
-            if !self.has_gpu() {
-                let why = self
-                    .cuda_unavailable
-                    .clone()
-                    .unwrap_or_else(|| "no CUDA device".into());
-                return (Mode::Host, format!("auto: no usable GPU ({why}), so host"));
-            }
-            let mut skipped = Vec::new();
-            for m in Mode::AUTO_ORDER {
-                match self.supports(m) {
-                    Ok(()) => {
-                        let why = if skipped.is_empty() {
-                            format!("auto: {} is supported", m.name())
-                        } else {
-                            format!("auto: {}; so {}", skipped.join("; "), m.name())
-                        };
-                        return (m, why);
-                    }
-                    Err(e) => skipped.push(format!("not {} ({e})", m.name())),
-                }
-            }
-            unreachable!("host mode is always supported")
-        };
-        match req {
-            ModeRequest::Auto => Ok(auto()),
-            ModeRequest::Forced(m) => match self.supports(m) {
-                Ok(()) => Ok((m, format!("forced by UMP_ALLOC_MODE={}", m.name()))),
-                Err(missing) => {
-                    let (alt, _) = auto();
-                    Err(Error::unsupported(format!(
-                        "mode '{}' is not available on this machine: {missing}; use UMP_ALLOC_MODE={} (or auto)",
-                        m.name(),
-                        alt.name()
-                    )))
-                }
-            },
+    /// Whether this machine can give the host side `side`; if not, what is missing.
+    pub fn supports_host(&self, side: HostSide) -> std::result::Result<(), String> {
+        match side {
+            HostSide::Host => Ok(()),
+            HostSide::System => self.every_device(PAGEABLE),
+            HostSide::Pinned => self.every_device(REGISTER),
+            HostSide::Managed => self.every_device(MANAGED),
         }
+    }
+
+    /// Whether this machine can give the device side `side`; if not, what is missing.
+    pub fn supports_device(&self, side: DeviceSide) -> std::result::Result<(), String> {
+        match side {
+            DeviceSide::None => Ok(()),
+            DeviceSide::System => self.every_device(PAGEABLE),
+            DeviceSide::Managed => self.every_device(MANAGED),
+            DeviceSide::Pinned => self.every_device(REGISTER),
+            DeviceSide::Device => {
+                if self.has_gpu() {
+                    Ok(())
+                } else {
+                    Err(self.no_gpu())
+                }
+            }
+        }
+    }
+
+    /// Whether this machine can run preset `mode`; if not, the missing capability.
+    pub fn supports(&self, mode: Mode) -> std::result::Result<(), String> {
+        let Some(s) = mode.sides() else {
+            return Ok(());
+        };
+        self.supports_host(s.host)?;
+        self.supports_device(s.device)
+    }
+
+    /// The sides `auto` chooses, with the reason for each.
+    fn auto_sides(&self) -> (Sides, String, String) {
+        if !self.has_gpu() {
+            let why = format!("auto: {}", self.no_gpu());
+            return (
+                Sides {
+                    host: HostSide::Host,
+                    device: DeviceSide::None,
+                },
+                why.clone(),
+                why,
+            );
+        }
+        if self.pageable_everywhere() {
+            let why = "auto: every device reads pageable memory (HMM or ATS)".to_string();
+            return (
+                Sides {
+                    host: HostSide::System,
+                    device: DeviceSide::System,
+                },
+                why.clone(),
+                why,
+            );
+        }
+        let no_hmm = self
+            .every_device(PAGEABLE)
+            .err()
+            .unwrap_or_else(|| "no HMM or ATS".into());
+        let (host, host_reason) = match self.supports_host(HostSide::Pinned) {
+            Ok(()) => (
+                HostSide::Pinned,
+                format!(
+                    "auto: {no_hmm}; pinned host memory mapped for every device: DMA-speed copies, \
+                     GPU access without a copy, and usable in fork() children"
+                ),
+            ),
+            Err(e) => (
+                HostSide::Host,
+                format!("auto: {no_hmm}, and {e}; plain host memory (the GPU gets copies)"),
+            ),
+        };
+        let (device, device_reason) = match self.every_device(MANAGED) {
+            Ok(()) => (
+                DeviceSide::Managed,
+                "auto: concurrent managed access on every device; managed memory: kernels at \
+                 device speed once migrated, and the host can view GPU arrays"
+                    .to_string(),
+            ),
+            Err(e) => match self.supports_device(DeviceSide::Pinned) {
+                Ok(()) => (
+                    DeviceSide::Pinned,
+                    format!("auto: {e}; pinned host memory mapped for the device"),
+                ),
+                Err(e2) => (
+                    DeviceSide::Device,
+                    format!("auto: {e}, and {e2}; plain device memory"),
+                ),
+            },
+        };
+        (Sides { host, device }, host_reason, device_reason)
+    }
+
+    /// Resolve a request to sides, with the reason for each. A forced preset or side the
+    /// machine cannot do is an error naming the missing capability and what to use instead.
+    pub fn select_sides(
+        &self,
+        mode: ModeRequest,
+        host: SideRequest<HostSide>,
+        device: SideRequest<DeviceSide>,
+    ) -> Result<Selection> {
+        let (auto, auto_host, auto_device) = self.auto_sides();
+        let (mut sides, mut host_reason, mut device_reason) = match mode {
+            ModeRequest::Auto => (auto, auto_host, auto_device),
+            ModeRequest::Forced(m) => {
+                if let Err(missing) = self.supports(m) {
+                    return Err(Error::unsupported(format!(
+                        "mode '{}' is not available on this machine: {missing}; use \
+                         UMP_ALLOC_MODE={} (or auto)",
+                        m.name(),
+                        Mode::of(auto).name()
+                    )));
+                }
+                let why = format!("UMP_ALLOC_MODE={}", m.name());
+                (m.sides().expect("a preset"), why.clone(), why)
+            }
+        };
+        if let SideRequest::Forced(h) = host {
+            if let Err(missing) = self.supports_host(h) {
+                return Err(Error::unsupported(format!(
+                    "host side '{}' is not available on this machine: {missing}; use \
+                     UMP_ALLOC_HOST_SIDE={} (or auto)",
+                    h.name(),
+                    auto.host.name()
+                )));
+            }
+            sides.host = h;
+            host_reason = format!("UMP_ALLOC_HOST_SIDE={}", h.name());
+        }
+        if let SideRequest::Forced(d) = device {
+            if let Err(missing) = self.supports_device(d) {
+                let alt = if auto.device == DeviceSide::None {
+                    "(no GPU: leave it unset)".to_string()
+                } else {
+                    format!("UMP_ALLOC_DEVICE_SIDE={} (or auto)", auto.device.name())
+                };
+                return Err(Error::unsupported(format!(
+                    "device side '{}' is not available on this machine: {missing}; use {alt}",
+                    d.name()
+                )));
+            }
+            sides.device = d;
+            device_reason = format!("UMP_ALLOC_DEVICE_SIDE={}", d.name());
+        }
+        Ok(Selection {
+            mode: Mode::of(sides),
+            sides,
+            host_reason,
+            device_reason,
+        })
+    }
+
+    /// [`select_sides`](Self::select_sides) with both sides from the mode.
+    pub fn select(&self, req: ModeRequest) -> Result<(Mode, String)> {
+        let s = self.select_sides(req, SideRequest::Auto, SideRequest::Auto)?;
+        Ok((s.mode, s.reason()))
     }
 }
 
@@ -252,13 +528,32 @@ mod tests {
     #[test]
     fn auto_order() {
         let h200 = machine(vec![dev(false, false, true, true)]);
-        assert_eq!(h200.select(ModeRequest::Auto).unwrap().0, Mode::Managed);
+        let s = h200
+            .select_sides(ModeRequest::Auto, SideRequest::Auto, SideRequest::Auto)
+            .unwrap();
+        assert_eq!(s.mode, Mode::Pinned);
+        assert_eq!(
+            (s.sides.host, s.sides.device),
+            (HostSide::Pinned, DeviceSide::Managed)
+        );
+        assert!(
+            s.host_reason.contains("pageable memory access"),
+            "{}",
+            s.host_reason
+        );
         let gh = machine(vec![dev(true, true, true, true)]);
         assert_eq!(gh.select(ModeRequest::Auto).unwrap().0, Mode::System);
         let wsl = machine(vec![dev(false, false, false, true)]);
         assert_eq!(wsl.select(ModeRequest::Auto).unwrap().0, Mode::Registered);
         let odd = machine(vec![dev(false, false, false, false)]);
-        assert_eq!(odd.select(ModeRequest::Auto).unwrap().0, Mode::Host);
+        let s = odd
+            .select_sides(ModeRequest::Auto, SideRequest::Auto, SideRequest::Auto)
+            .unwrap();
+        assert_eq!(
+            (s.sides.host, s.sides.device),
+            (HostSide::Host, DeviceSide::Device)
+        );
+        assert_eq!(s.mode, Mode::Device);
         let none = MachineCaps::no_cuda("libcuda.so.1 not found");
         let (m, why) = none.select(ModeRequest::Auto).unwrap();
         assert_eq!(m, Mode::Host);
@@ -270,7 +565,7 @@ mod tests {
         let mut d1 = dev(true, true, true, true);
         d1.ordinal = 1;
         let mixed = machine(vec![dev(false, false, true, true), d1]);
-        assert_eq!(mixed.select(ModeRequest::Auto).unwrap().0, Mode::Managed);
+        assert_eq!(mixed.select(ModeRequest::Auto).unwrap().0, Mode::Pinned);
     }
 
     #[test]
@@ -279,13 +574,19 @@ mod tests {
         let e = h200.select(ModeRequest::Forced(Mode::System)).unwrap_err();
         assert_eq!(e.status, crate::error::Status::UMP_ERR_UNSUPPORTED);
         assert!(e.msg.contains("pageable memory access"), "{}", e.msg);
-        assert!(e.msg.contains("UMP_ALLOC_MODE=managed"), "{}", e.msg);
+        assert!(e.msg.contains("UMP_ALLOC_MODE=pinned"), "{}", e.msg);
     }
 
     #[test]
     fn forcing_gpu_modes_without_cuda_fails_but_host_works() {
         let none = MachineCaps::no_cuda("no libcuda");
-        for m in [Mode::System, Mode::Managed, Mode::Registered, Mode::Device] {
+        for m in [
+            Mode::System,
+            Mode::Managed,
+            Mode::Registered,
+            Mode::Device,
+            Mode::Pinned,
+        ] {
             let e = none.select(ModeRequest::Forced(m)).unwrap_err();
             assert!(
                 e.msg.contains("no usable GPU") && e.msg.contains("UMP_ALLOC_MODE=host"),
@@ -309,9 +610,64 @@ mod tests {
     }
 
     #[test]
+    fn sides_override_the_mode_and_name_the_fix() {
+        let h200 = machine(vec![dev(false, false, true, true)]);
+        let s = h200
+            .select_sides(
+                ModeRequest::Forced(Mode::Managed),
+                SideRequest::Forced(HostSide::Pinned),
+                SideRequest::Auto,
+            )
+            .unwrap();
+        assert_eq!(
+            s.mode,
+            Mode::Pinned,
+            "managed with a pinned host side is the pinned preset"
+        );
+        let s = h200
+            .select_sides(
+                ModeRequest::Auto,
+                SideRequest::Forced(HostSide::Managed),
+                SideRequest::Forced(DeviceSide::Device),
+            )
+            .unwrap();
+        assert_eq!(s.mode, Mode::Custom);
+        assert_eq!(s.host_reason, "UMP_ALLOC_HOST_SIDE=managed");
+        let e = h200
+            .select_sides(
+                ModeRequest::Auto,
+                SideRequest::Forced(HostSide::System),
+                SideRequest::Auto,
+            )
+            .unwrap_err();
+        assert!(e.msg.contains("UMP_ALLOC_HOST_SIDE=pinned"), "{}", e.msg);
+        let none = MachineCaps::no_cuda("no libcuda");
+        let e = none
+            .select_sides(
+                ModeRequest::Auto,
+                SideRequest::Auto,
+                SideRequest::Forced(DeviceSide::Managed),
+            )
+            .unwrap_err();
+        assert!(e.msg.contains("no GPU"), "{}", e.msg);
+    }
+
+    #[test]
     fn names_round_trip() {
-        for m in Mode::ALL {
+        for m in Mode::PRESETS {
             assert_eq!(Mode::parse(m.name()), Some(m));
+            assert_eq!(Mode::of(m.sides().unwrap()), m);
+        }
+        assert_eq!(
+            Mode::parse("custom"),
+            None,
+            "custom is a result, not a request"
+        );
+        for h in HostSide::ALL {
+            assert_eq!(HostSide::parse(h.name()), Some(h));
+        }
+        for d in DeviceSide::ALL {
+            assert_eq!(DeviceSide::parse(d.name()), Some(d));
         }
         assert_eq!(ModeRequest::parse("AUTO"), Ok(ModeRequest::Auto));
         assert!(ModeRequest::parse("").is_err());

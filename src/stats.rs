@@ -243,8 +243,8 @@ mod tests {
     }
 }
 
-/// Version of `ump_stats`.
-pub const UMP_STATS_VERSION: u32 = 1;
+/// Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields).
+pub const UMP_STATS_VERSION: u32 = 2;
 /// Most devices `ump_stats` reports on (`UMP_MAX_DEVICES`; the struct spells out 16 so that
 /// the header does too).
 pub(crate) const STATS_DEVICES: usize = 16;
@@ -296,6 +296,14 @@ pub struct ump_stats {
     pub errors_double_free: u64,
     pub errors_bad_size: u64,
     pub errors_other: u64,
+    /// NumPy allocations served by plain host memory because the host side's own memory was
+    /// not available (the pinned cap reached, pinning failed, or a `fork()` child).
+    pub host_fallback_allocs: u64,
+    /// Bytes the host side's fallback pool holds now.
+    pub host_fallback_mapped: u64,
+    /// Bytes of host memory pinned now (both sides), and the cap (`UMP_ALLOC_PINNED_LIMIT`).
+    pub pinned: u64,
+    pub pinned_cap: u64,
 }
 
 const _: () = assert!(STATS_KINDS == Kind::UMP_KIND_FOREIGN_HOST as usize + 1);

@@ -69,8 +69,9 @@ def _init() -> None:
 
 
 def mode() -> str:
-    """The mode in force ('host', 'system', 'managed', 'registered', 'device'), or 'unset'
-    before the first allocation."""
+    """The mode in force: a preset ('pinned', 'host', 'system', 'managed', 'registered',
+    'device') or 'custom' (sides chosen one by one), or 'unset' before the first allocation.
+    :func:`capabilities` says what memory each side has and why."""
     return _lib.MODE_NAMES.get(_lib.lib().ump_current_mode(), "unset")
 
 
@@ -344,6 +345,10 @@ def capabilities() -> dict:
         "mode": _lib.MODE_NAMES.get(c.mode, "unset"),
         "mode_fixed": bool(c.mode_fixed),
         "mode_reason": c.mode_reason.decode(errors="replace"),
+        "host_side": _lib.HOST_SIDE_NAMES.get(c.host_side, "unknown"),
+        "host_reason": c.host_reason.decode(errors="replace"),
+        "device_side": _lib.DEVICE_SIDE_NAMES.get(c.device_side, "unknown"),
+        "device_reason": c.device_reason.decode(errors="replace"),
         "alignment": int(c.alignment),
         "devices": devices,
     }
@@ -374,7 +379,8 @@ def stats() -> dict:
     Each usage entry has ``in_use``/``in_use_peak`` (bytes handed out, as requested),
     ``mapped``/``mapped_peak`` (bytes taken from the OS or the driver), ``cached`` (free bytes
     ready for reuse), and ``allocs``, ``frees``, ``hits``, ``misses``. ``host`` is the NumPy
-    side; ``devices[i]`` is everything CuPy and PyTorch hold on device ``i`` (all streams):
+    side (``host_fallback``: what plain host memory served it when its own kind was not
+    available, e.g. at the pinned cap or in a fork() child; ``pinned``: pinned bytes and cap); ``devices[i]`` is everything CuPy and PyTorch hold on device ``i`` (all streams):
     ``stats()["devices"][0]["in_use_peak"]`` is PyTorch's ``max_memory_allocated``, which its
     pluggable-allocator path cannot report. Peaks of ``host`` and of each device are exact;
     ``total`` and per-kind peaks that add several of them are upper bounds.
@@ -405,6 +411,8 @@ def stats() -> dict:
         "stream_waits": int(s.stream_waits),
         "stream_syncs": int(s.stream_syncs),
         "scopes_open": int(s.scopes_open),
+        "host_fallback": {"allocs": int(s.host_fallback_allocs), "mapped": int(s.host_fallback_mapped)},
+        "pinned": {"bytes": int(s.pinned), "cap": int(s.pinned_cap)},
         "errors": {
             "total": int(s.errors),
             "oom": int(s.errors_oom),

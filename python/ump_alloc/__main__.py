@@ -33,7 +33,16 @@ def info() -> int:
     state = "fixed" if caps["mode_fixed"] else "would be chosen"
     print()
     print(f"Mode: {caps['mode']} ({state}); alignment {caps['alignment']} bytes")
-    print(f"  why: {caps['mode_reason']}")
+    if caps["host_reason"] or caps["device_reason"]:
+        print(f"  host side (NumPy):            {caps['host_side']}")
+        print(f"    why: {caps['host_reason']}")
+        print(f"  device side (CuPy, PyTorch):  {caps['device_side']}")
+        print(f"    why: {caps['device_reason']}")
+        if caps["host_side"] == "managed":
+            print("    note: a managed host side is not fork-safe: fork() children must not touch "
+                  "arrays made before the fork")
+    else:
+        print(f"  why: {caps['mode_reason']}")
     return 0
 
 

@@ -50,7 +50,11 @@ STATUS_NAMES = {
     9: "UMP_ERR_INTERNAL",
 }
 
-MODE_NAMES = {0: "unset", 1: "host", 2: "system", 3: "managed", 4: "registered", 5: "device"}
+MODE_NAMES = {0: "unset", 1: "host", 2: "system", 3: "managed", 4: "registered", 5: "device", 6: "pinned",
+              7: "custom"}
+# A side's kind of memory, by name (ump_capabilities.host_side / device_side).
+HOST_SIDE_NAMES = {1: "host", 2: "system", 4: "pinned", 3: "managed"}
+DEVICE_SIDE_NAMES = {0: "none", 2: "system", 3: "managed", 4: "pinned", 5: "device"}
 KIND_NAMES = {
     0: "unknown",
     1: "host",
@@ -91,6 +95,10 @@ class Capabilities(Structure):
         ("alignment", c_size_t),
         ("mode_reason", c_char * 256),
         ("devices", DeviceCaps * MAX_DEVICES),
+        ("host_side", c_int),
+        ("device_side", c_int),
+        ("host_reason", c_char * 256),
+        ("device_reason", c_char * 256),
     ]
 
 
@@ -150,6 +158,10 @@ class Stats(Structure):
         ("errors_double_free", c_uint64),
         ("errors_bad_size", c_uint64),
         ("errors_other", c_uint64),
+        ("host_fallback_allocs", c_uint64),
+        ("host_fallback_mapped", c_uint64),
+        ("pinned", c_uint64),
+        ("pinned_cap", c_uint64),
     ]
 
 

@@ -15,8 +15,8 @@ pub const UMP_MAX_DEVICES: usize = 16;
 
 const _: () = assert!(crate::stats::STATS_DEVICES == UMP_MAX_DEVICES);
 
-/// Version of `ump_capabilities`.
-pub const UMP_CAPABILITIES_VERSION: u32 = 1;
+/// Version of `ump_capabilities` (2: each side's kind and reason).
+pub const UMP_CAPABILITIES_VERSION: u32 = 2;
 /// Version of `ump_identity`.
 pub const UMP_IDENTITY_VERSION: u32 = 1;
 
@@ -72,6 +72,39 @@ pub struct ump_capabilities {
     pub mode_reason: [c_char; 256],
     /// The first `min(device_count, UMP_MAX_DEVICES)` devices.
     pub devices: [ump_device_caps; UMP_MAX_DEVICES],
+    /// The memory of the host side (NumPy, `ump_malloc`): `UMP_KIND_HOST`, `_SYSTEM`,
+    /// `_REGISTERED` (pinned host memory mapped for every device) or `_MANAGED`.
+    pub host_side: crate::backing::ump_kind,
+    /// The memory of the device side (CuPy, PyTorch): `UMP_KIND_SYSTEM`, `_MANAGED`,
+    /// `_REGISTERED`, `_DEVICE`, or `UMP_KIND_UNKNOWN` for none (no GPU).
+    pub device_side: crate::backing::ump_kind,
+    /// Why the host side has that memory, NUL-terminated.
+    pub host_reason: [c_char; 256],
+    /// Why the device side has that memory, NUL-terminated.
+    pub device_reason: [c_char; 256],
+}
+
+/// The kind of memory a host side is made of.
+fn host_side_kind(s: crate::mode::HostSide) -> Kind {
+    use crate::mode::HostSide as H;
+    match s {
+        H::Host => Kind::UMP_KIND_HOST,
+        H::System => Kind::UMP_KIND_SYSTEM,
+        H::Pinned => Kind::UMP_KIND_REGISTERED,
+        H::Managed => Kind::UMP_KIND_MANAGED,
+    }
+}
+
+/// The kind of memory a device side is made of.
+fn device_side_kind(s: crate::mode::DeviceSide) -> Kind {
+    use crate::mode::DeviceSide as D;
+    match s {
+        D::None => Kind::UMP_KIND_UNKNOWN,
+        D::System => Kind::UMP_KIND_SYSTEM,
+        D::Managed => Kind::UMP_KIND_MANAGED,
+        D::Pinned => Kind::UMP_KIND_REGISTERED,
+        D::Device => Kind::UMP_KIND_DEVICE,
+    }
 }
 
 /// What `ump_identify` knows of an address. Versioned like `ump_capabilities`.
@@ -312,23 +345,27 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
         c.has_prefetch_v2 = caps.has_prefetch_v2;
         c.driver_version = caps.driver_version;
         c.device_count = caps.devices.len() as i32;
-        match allocator::get() {
+        let selected = match allocator::get() {
             Some(a) => {
                 c.mode_fixed = true;
-                c.mode = a.mode.to_c();
                 c.alignment = a.alignment;
-                copy_cstr(&mut c.mode_reason, &a.mode_reason);
+                Ok(a.selection.clone())
             }
-            None => match allocator::env_config()
-                .and_then(|cfg| caps.select(cfg.mode).map(|m| (cfg, m)))
-            {
-                Ok((cfg, (m, why))) => {
-                    c.mode = m.to_c();
-                    c.alignment = cfg.alignment;
-                    copy_cstr(&mut c.mode_reason, &why);
-                }
-                Err(e) => copy_cstr(&mut c.mode_reason, &e.msg),
-            },
+            None => allocator::env_config().and_then(|cfg| {
+                c.alignment = cfg.alignment;
+                caps.select_sides(cfg.mode, cfg.host_side, cfg.device_side)
+            }),
+        };
+        match selected {
+            Ok(sel) => {
+                c.mode = sel.mode.to_c();
+                copy_cstr(&mut c.mode_reason, &sel.reason());
+                c.host_side = host_side_kind(sel.sides.host);
+                c.device_side = device_side_kind(sel.sides.device);
+                copy_cstr(&mut c.host_reason, &sel.host_reason);
+                copy_cstr(&mut c.device_reason, &sel.device_reason);
+            }
+            Err(e) => copy_cstr(&mut c.mode_reason, &e.msg),
         }
         for (slot, d) in c.devices.iter_mut().zip(caps.devices.iter()) {
             slot.ordinal = d.ordinal;

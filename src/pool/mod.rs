@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::prim::cuda;
 use crate::registry::{self, GRANULE};
 use crate::stats::PoolStats;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod class;
@@ -130,6 +130,19 @@ pub struct Pool {
     kept_slabs: AtomicUsize,
     /// Bytes given back to the backing so far (what `trim` reports).
     unmapped: AtomicUsize,
+    /// How long a wholly free chunk above `retain` is kept before it goes back (milliseconds;
+    /// 0: at once). For memory that is costly to make, such as pinned host memory.
+    decay_ms: AtomicU64,
+    /// Milliseconds since `EPOCH` when idle chunks are next due to go back (0: none waiting).
+    decay_due: AtomicU64,
+}
+
+/// The clock `decay_due` counts from.
+static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+fn epoch_ms(t: std::time::Instant) -> u64 {
+    let e = *EPOCH.get_or_init(std::time::Instant::now);
+    t.saturating_duration_since(e).as_millis() as u64 + 1
 }
 
 /// Descriptor a registry entry points at.
@@ -212,6 +225,18 @@ impl Pool {
         Self::build(backing, align, limit, retain, stats, None, 0)
     }
 
+    /// Make a host-side pool that shares counters `stats` with another (the host side's
+    /// primary and fallback pools).
+    pub fn new_shared(
+        backing: Box<dyn Backing>,
+        align: usize,
+        limit: Option<usize>,
+        retain: usize,
+        stats: &'static PoolStats,
+    ) -> &'static Pool {
+        Self::build(backing, align, limit, retain, stats, None, 0)
+    }
+
     /// Make the pool of `stream` inside a device's stream pools, sharing their counters.
     pub fn for_stream(
         backing: Box<dyn Backing>,
@@ -254,7 +279,40 @@ impl Pool {
             retain,
             kept_slabs: AtomicUsize::new(0),
             unmapped: AtomicUsize::new(0),
+            decay_ms: AtomicU64::new(0),
+            decay_due: AtomicU64::new(0),
         }))
+    }
+
+    /// Keep wholly free chunks above `retain` for `decay` before they go back (pinned memory:
+    /// a loop that frees and allocates large arrays reuses them instead of pinning anew).
+    pub fn set_decay(&self, decay: std::time::Duration) {
+        self.decay_ms
+            .store(decay.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn decay(&self) -> Option<std::time::Duration> {
+        match self.decay_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(std::time::Duration::from_millis(ms)),
+        }
+    }
+
+    fn set_decay_due(&self, at: std::time::Instant) {
+        self.decay_due.store(epoch_ms(at), Ordering::Relaxed);
+    }
+
+    fn clear_decay_due(&self) {
+        if self.decay_due.load(Ordering::Relaxed) != 0 {
+            self.decay_due.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether idle chunks wait for their decay and the first is due (cheap when none wait).
+    #[inline]
+    fn decay_is_due(&self) -> bool {
+        let due = self.decay_due.load(Ordering::Relaxed);
+        due != 0 && epoch_ms(std::time::Instant::now()) >= due
     }
 
     /// Whether this pool's stream was retired.

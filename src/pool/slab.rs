@@ -246,6 +246,7 @@ impl Pool {
     /// from a span taken with no class lock held (so that an out-of-memory retry may reclaim
     /// every cache and slab of the pool).
     fn refill(&'static self, ci: usize) -> Result<Slot> {
+        self.decay_if_due();
         let extra = if tcache::ensure(self) {
             tcache::fill(self, ci)
         } else {

@@ -10,6 +10,7 @@ use super::*;
 use crate::backing::HUGEPAGE_MIN;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU8};
+use std::time::Instant;
 
 pub(super) const SPAN_FREE: u8 = 0;
 pub(super) const SPAN_USED: u8 = 1;
@@ -97,6 +98,8 @@ pub(crate) struct Large {
     /// The exact-size list (oldest first): spans in state CACHED.
     quick: VecDeque<&'static Span>,
     quick_bytes: usize,
+    /// Pools with a decay: when each wholly free chunk (by base) fell idle.
+    idle_since: BTreeMap<usize, Instant>,
 }
 
 impl Large {
@@ -184,18 +187,54 @@ impl Pool {
     /// within `retain`: wholly free chunks go back first, largest first; then the oldest
     /// exact-size spans are merged into the free set (which may make more chunks wholly free).
     /// What remains above `retain` is free space inside chunks that still hold live blocks.
+    /// With a decay (pinned memory, costly to make), a wholly free chunk goes back only once
+    /// it has been idle that long; until then the pool stays above `retain` and `decay_due`
+    /// says when to look again.
     fn enforce_retain(&'static self, lg: &mut Large) {
         let budget = self
             .retain
             .saturating_sub(self.kept_slabs.load(Ordering::Relaxed));
+        let decay = self.decay();
+        let mut now = None;
         while lg.free_bytes + lg.quick_bytes > budget {
-            if let Some(&sp) = lg.idle.values().next_back() {
+            let expired = match decay {
+                None => lg.idle.values().next_back().copied(),
+                Some(d) => {
+                    let t = *now.get_or_insert_with(Instant::now);
+                    lg.idle
+                        .values()
+                        .rev()
+                        .find(|sp| {
+                            lg.idle_since
+                                .get(&sp.start())
+                                .is_none_or(|&since| t.duration_since(since) >= d)
+                        })
+                        .copied()
+                }
+            };
+            if let Some(sp) = expired {
                 self.release_chunk(lg, sp);
+            } else if decay.is_some() && !lg.idle.is_empty() {
+                // Idle chunks wait out their decay; look again once the oldest is due.
+                let oldest = lg.idle_since.values().min().copied();
+                if let (Some(o), Some(d)) = (oldest, decay) {
+                    self.set_decay_due(o + d);
+                }
+                return;
             } else if let Some(old) = lg.quick.pop_front() {
                 self.uncache(lg, old);
             } else {
                 break;
             }
+        }
+        self.clear_decay_due();
+    }
+
+    /// With a decay: if idle chunks are due to go back, give them back now.
+    pub(super) fn decay_if_due(&'static self) {
+        if self.decay_is_due() {
+            let mut lg = lock(&self.large);
+            self.enforce_retain(&mut lg);
         }
     }
 
@@ -221,6 +260,7 @@ impl Pool {
     }
 
     fn take_span_for(&'static self, len: usize, state: u8, req: usize) -> Result<&'static Span> {
+        self.decay_if_due();
         let chunk_len = if len >= ARENA / 2 { len } else { ARENA };
         let mut retried = false;
         loop {
@@ -264,7 +304,11 @@ impl Pool {
                     );
                     return Ok(self.finish_take(&mut lg, sp, len, state, req));
                 }
-                Err(e) if retried => return Err(e),
+                // The backing refused by policy (a cap, a fork() child): reclaiming changes
+                // nothing, and the caller may fall back to other memory.
+                Err(e) if retried || e.status == crate::error::Status::UMP_ERR_UNSUPPORTED => {
+                    return Err(e);
+                }
                 Err(_) => {
                     drop(lg);
                     self.reclaim_for_retry();
@@ -339,7 +383,7 @@ impl Pool {
             }
             if !self.stats.reserve_mapped(size, self.limit) {
                 let mapped = self.stats.mapped.load(Ordering::Relaxed);
-                last = Some(Error::oom(format!(
+                last = Some(Error::limit(format!(
                     "UMP_ALLOC_LIMIT of {} bytes reached ({mapped} mapped, {need} more needed)",
                     self.limit.unwrap_or(0)
                 )));
@@ -347,6 +391,10 @@ impl Pool {
             }
             let chunk = match self.backing.map(size) {
                 Ok(c) => c,
+                Err(e) if e.status == crate::error::Status::UMP_ERR_UNSUPPORTED => {
+                    self.stats.on_unmap(size);
+                    return Err(e);
+                }
                 Err(e) => {
                     self.stats.on_unmap(size);
                     last = Some(Error::oom(format!(
@@ -470,6 +518,9 @@ impl Pool {
         if cur.is_whole_chunk() {
             lg.idle.insert(key, cur);
             lg.idle_bytes += key.0;
+            if self.decay().is_some() {
+                lg.idle_since.insert(key.1, Instant::now());
+            }
             if self.ordered() {
                 self.stamp_idle(lg, key.1);
             }
@@ -500,6 +551,7 @@ impl Pool {
         }
         if lg.idle.remove(&key).is_some() {
             lg.idle_bytes -= key.0;
+            lg.idle_since.remove(&key.1);
         }
     }
 
@@ -614,6 +666,11 @@ impl Pool {
                 g.adopt(chunk, lock(&self.retire_event).clone());
             }
         }
+    }
+
+    /// Bytes of the chunks this pool holds now.
+    pub(crate) fn mapped_bytes(&'static self) -> usize {
+        lock(&self.large).chunks.values().map(|c| c.size).sum()
     }
 
     /// Serve `stream` from now on, if this pool is retired and holds no memory. Returns

@@ -158,7 +158,22 @@ fn open_driver() -> std::result::Result<Driver, String> {
     }
 }
 
+/// Set in a `fork()` child: CUDA state does not survive fork (a child touching managed memory
+/// dies, and driver calls fail), so no call reaches the driver there.
+static FORK_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// In a `fork()` child: refuse every CUDA call from now on.
+pub(crate) fn after_fork_child() {
+    FORK_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn driver() -> Result<&'static Driver> {
+    if FORK_CHILD.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(Error::unsupported(
+            "CUDA cannot be used in a fork() child of a process that used it; start workers \
+             with multiprocessing's 'spawn' or 'forkserver' method (or torch's)",
+        ));
+    }
     let d = match DRIVER.get() {
         Some(d) => d,
         None => {
@@ -170,7 +185,8 @@ fn driver() -> Result<&'static Driver> {
         .map_err(|why| Error::unsupported(format!("CUDA is not available: {why}")))
 }
 
-/// Whether a CUDA driver with at least one device is loaded and initialised.
+/// Whether a CUDA driver with at least one device is loaded and initialised (and this is not
+/// a `fork()` child).
 pub fn available() -> bool {
     driver().is_ok()
 }

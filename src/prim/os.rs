@@ -214,6 +214,39 @@ pub fn at_fork_again() {
     };
 }
 
+/// Bytes of memory this process may use: the machine's (`MemTotal`), or its cgroup's limit
+/// when that is lower (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`). 0 if unknown.
+pub fn memory_available() -> usize {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse::<usize>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024);
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|p| {
+        std::fs::read_to_string(p)
+            .ok()?
+            .trim()
+            .parse::<usize>()
+            .ok()
+    })
+    .min();
+    match cgroup {
+        Some(c) if c > 0 && (total == 0 || c < total) => c,
+        _ => total,
+    }
+}
+
 /// Set the calling thread's errno (malloc-family contracts report ENOMEM through it).
 pub fn set_errno(value: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid.

@@ -1,0 +1,121 @@
+"""An unchanged NumPy -> GPU -> NumPy program, with and without ump-alloc (issue 10).
+
+The CuPy pipeline: NumPy pre-processing of a 256 MiB float32 array, ``cupy.asarray``, three
+kernels, ``cupy.asnumpy``, and a host read of the result. Its PyTorch twin does the same with
+``torch.from_numpy(h).cuda()`` and ``.cpu().numpy()``. The program text is the same in every
+configuration; only the environment differs (``UMP_ALLOC=1``, and ``UMP_ALLOC_MODE``). Each
+configuration runs in a fresh interpreter; the table shows the median time per iteration.
+
+Also measured: ``cupy.asarray(numpy_array)`` and ``cupy.asnumpy(x)`` of 1 GiB (GB/s).
+
+    python benches/pipeline_bench.py [--mib 256] [--iters 12] [--configs default,auto,managed]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+WORKER = r'''
+import json, sys, time
+import numpy as np
+lib, mib, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+n = mib * 2**20 // 4
+rng = np.random.default_rng(0)
+raw = rng.random(n, dtype=np.float32)
+out = {}
+if lib == "cupy":
+    import cupy as cp
+    def step():
+        h = raw * 0.5 + 1.0                      # NumPy pre-processing (a new array)
+        g = cp.asarray(h)                         # to the GPU
+        g = cp.sqrt(g); g *= 3.0; g += 1.0        # three kernels
+        r = cp.asnumpy(g)                         # back to NumPy
+        return float(r[:: 1024].sum())            # the host reads the result
+    sync = cp.cuda.Device().synchronize
+else:
+    import torch
+    def step():
+        h = raw * 0.5 + 1.0
+        t = torch.from_numpy(h).cuda()
+        t = torch.sqrt(t); t *= 3.0; t += 1.0
+        r = t.cpu().numpy()
+        return float(r[:: 1024].sum())
+    sync = torch.cuda.synchronize
+check = step(); step(); sync()
+ts = []
+for _ in range(iters):
+    t = time.perf_counter(); step(); sync(); ts.append(time.perf_counter() - t)
+ts.sort()
+out["ms"] = ts[len(ts) // 2] * 1e3
+out["check"] = check
+if lib == "cupy":
+    big = np.ones(2**30 // 4, np.float32)
+    cp.asarray(big); sync()
+    t = time.perf_counter(); g = cp.asarray(big); sync(); up = time.perf_counter() - t
+    cp.asnumpy(g); sync()
+    t = time.perf_counter(); back = cp.asnumpy(g); dn = time.perf_counter() - t
+    out["asarray_1gib_gbs"] = 2**30 / up / 1e9
+    out["asnumpy_1gib_gbs"] = 2**30 / dn / 1e9
+    assert back[12345] == 1.0
+try:
+    import ump_alloc
+    out["mode"] = ump_alloc.mode() if ump_alloc.is_enabled() else "off"
+    if out["mode"] != "off":
+        out["host_kind"] = ump_alloc.identify(raw).kind
+except ImportError:
+    out["mode"] = "off"
+print(json.dumps(out))
+'''
+
+
+def run(config: str, lib: str, mib: int, iters: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
+    if config != "default":
+        env["UMP_ALLOC"] = "1"
+        if config != "auto":
+            env["UMP_ALLOC_MODE"] = config
+    r = subprocess.run([sys.executable, "-c", WORKER, lib, str(mib), str(iters)], capture_output=True,
+                       text=True, env=env)
+    if r.returncode != 0:
+        return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mib", type=int, default=256)
+    p.add_argument("--iters", type=int, default=12)
+    p.add_argument("--configs", default="default,auto,managed")
+    p.add_argument("--libs", default="cupy,torch")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    configs = args.configs.split(",")
+    results = {}
+    for lib in args.libs.split(","):
+        for c in configs:
+            results[(lib, c)] = run(c, lib, args.mib, args.iters)
+            print(f"  {lib:<6} {c:<10} {results[(lib, c)]}", file=sys.stderr, flush=True)
+    print(f"{args.mib} MiB pipeline, median ms per iteration of {args.iters} (speed-up over 'default')")
+    for lib in args.libs.split(","):
+        base = results[(lib, "default")].get("ms")
+        for c in configs:
+            r = results[(lib, c)]
+            if "error" in r:
+                print(f"  {lib:<6} {c:<10} error: {r['error']}")
+                continue
+            sp = f"{base / r['ms']:.2f}x" if base else "-"
+            extra = ""
+            if "asarray_1gib_gbs" in r:
+                extra = f"   asarray 1 GiB {r['asarray_1gib_gbs']:.1f} GB/s, asnumpy 1 GiB {r['asnumpy_1gib_gbs']:.1f} GB/s"
+            print(f"  {lib:<6} {c:<10} {r['ms']:8.1f} ms  {sp:>6}  mode {r['mode']:<8}{extra}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({f"{k[0]}/{k[1]}": v for k, v in results.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

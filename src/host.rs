@@ -1,0 +1,263 @@
+//! The host side (NumPy and the C malloc family): the pool of its kind of memory, and, where
+//! that memory is limited or not fork-safe, a pool of plain host memory to fall back on.
+//!
+//! - **Pinned** host memory cannot be swapped, so it is capped (`UMP_ALLOC_PINNED_LIMIT`).
+//!   When the cap is reached or pinning fails, NumPy still gets memory: plain host memory from
+//!   the fallback pool, counted in `ump_stats` (`host_fallback_*`), with one warning on stderr.
+//!   Arrays there are ordinary host memory: GPU libraries copy them.
+//! - In a **fork()** child no CUDA call may happen: the pinned pool still serves what it holds
+//!   (the child's copies of the parent's pages are plain memory there), and new memory comes
+//!   from the fallback. A managed host side (forced) is not fork-safe at all: its memory
+//!   faults in the child, so every allocation there goes to the fallback, and arrays made
+//!   before the fork must not be touched in the child.
+//!
+//! Both pools share one set of counters: `ump_stats().host` is the whole host side, and
+//! `UMP_ALLOC_LIMIT` bounds both together.
+
+use crate::backing::{Backing, HostBacking, Kind, ManagedBacking, RegisteredBacking};
+use crate::config::Config;
+use crate::error::{ErrorClass, Result, Status};
+use crate::mode::HostSide;
+use crate::pool::{Alloc, Pool};
+use crate::stats::PoolStats;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// How long idle pinned chunks above `retain` are kept before they are unpinned (pinning a
+/// GiB costs about half a second; a loop of large arrays reuses them meanwhile).
+pub const PINNED_DECAY: Duration = Duration::from_secs(5);
+
+/// The host side's pools.
+pub struct HostPools {
+    side: HostSide,
+    primary: &'static Pool,
+    fallback: Option<&'static Pool>,
+    /// Allocations the fallback served.
+    fallback_allocs: AtomicU64,
+    warned: AtomicBool,
+}
+
+impl HostPools {
+    /// Make the host side `side` for `config`.
+    pub fn new(side: HostSide, config: &Config) -> HostPools {
+        let (backing, retain): (Box<dyn Backing>, usize) = match side {
+            HostSide::Host => (
+                Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+                config.host_retain,
+            ),
+            HostSide::System => (
+                Box::new(HostBacking::new(Kind::UMP_KIND_SYSTEM)),
+                config.host_retain,
+            ),
+            HostSide::Pinned => (Box::new(RegisteredBacking::new(-1)), config.host_retain),
+            HostSide::Managed => (Box::new(ManagedBacking::new(-1, 0)), usize::MAX),
+        };
+        Self::with_backing(side, backing, retain, config)
+    }
+
+    /// Make the host side `side` over `backing` (tests inject backings here).
+    pub fn with_backing(
+        side: HostSide,
+        backing: Box<dyn Backing>,
+        retain: usize,
+        config: &Config,
+    ) -> HostPools {
+        let stats: &'static PoolStats = Box::leak(Box::new(PoolStats::default()));
+        let primary = Pool::new_shared(backing, config.alignment, config.limit, retain, stats);
+        if side == HostSide::Pinned {
+            primary.set_decay(PINNED_DECAY);
+        }
+        let fallback = matches!(side, HostSide::Pinned | HostSide::Managed).then(|| {
+            Pool::new_shared(
+                Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+                config.alignment,
+                config.limit,
+                config.host_retain,
+                stats,
+            )
+        });
+        HostPools {
+            side,
+            primary,
+            fallback,
+            fallback_allocs: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
+        }
+    }
+
+    /// The kind of memory the host side is made of.
+    pub fn side(&self) -> HostSide {
+        self.side
+    }
+
+    /// The pool of the host side's own kind of memory.
+    pub fn primary(&self) -> &'static Pool {
+        self.primary
+    }
+
+    /// The pools of the host side, primary first.
+    pub fn pools(&self) -> impl Iterator<Item = &'static Pool> {
+        std::iter::once(self.primary).chain(self.fallback)
+    }
+
+    /// Allocate `n` bytes: from the primary pool, else (cap reached, pinning failed, a fork()
+    /// child) from the fallback.
+    #[inline]
+    pub fn alloc(&self, n: usize) -> Result<Alloc> {
+        let Some(fb) = self.fallback else {
+            return self.primary.alloc(n);
+        };
+        if self.side == HostSide::Managed && crate::fork::is_fork_child() {
+            return self.fall_back(fb, n);
+        }
+        match self.primary.alloc(n) {
+            Ok(a) => Ok(a),
+            Err(e)
+                if e.class != ErrorClass::Limit
+                    && matches!(e.status, Status::UMP_ERR_OOM | Status::UMP_ERR_UNSUPPORTED) =>
+            {
+                self.warn_once(&e.msg);
+                self.fall_back(fb, n)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    #[cold]
+    fn fall_back(&self, fb: &'static Pool, n: usize) -> Result<Alloc> {
+        let a = fb.alloc(n)?;
+        self.fallback_allocs.fetch_add(1, Ordering::Relaxed);
+        Ok(a)
+    }
+
+    #[cold]
+    fn warn_once(&self, why: &str) {
+        if crate::fork::is_fork_child() || self.warned.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        eprintln!(
+            "ump-alloc: warning: {} host memory is not available for NumPy ({why}); new arrays \
+             use plain host memory, which GPU libraries copy instead of reading in place. \
+             Counted in ump_alloc.stats()['host_fallback']; see UMP_ALLOC_PINNED_LIMIT.",
+            self.side.name()
+        );
+    }
+
+    /// Allocations the fallback served, and the bytes its pool holds now.
+    pub fn fallback_usage(&self) -> (u64, usize) {
+        (
+            self.fallback_allocs.load(Ordering::Relaxed),
+            self.fallback.map_or(0, |p| p.mapped_bytes()),
+        )
+    }
+
+    /// Give back every cached byte of the host side. Returns the bytes given back.
+    pub fn trim(&self) -> usize {
+        self.pools().map(|p| p.trim()).sum()
+    }
+
+    /// Free bytes the host side holds.
+    pub fn cached_bytes(&self) -> usize {
+        self.pools().map(|p| p.cached_bytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backing::Chunk;
+    use crate::error::Error;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Host memory that refuses (as the pinned cap does) past `cap` bytes.
+    struct Capped {
+        inner: HostBacking,
+        used: AtomicUsize,
+        cap: usize,
+    }
+
+    impl Backing for Capped {
+        fn kind(&self) -> Kind {
+            Kind::UMP_KIND_REGISTERED
+        }
+        fn device(&self) -> i32 {
+            -1
+        }
+        fn map(&self, size: usize) -> Result<Chunk> {
+            if self.used.load(Ordering::Relaxed) + size > self.cap {
+                return Err(Error::unsupported("cap reached"));
+            }
+            self.used.fetch_add(size, Ordering::Relaxed);
+            self.inner.map(size)
+        }
+        unsafe fn unmap(&self, chunk: &Chunk) {
+            self.used.fetch_sub(chunk.size, Ordering::Relaxed);
+            // SAFETY: forwarded.
+            unsafe { self.inner.unmap(chunk) }
+        }
+    }
+
+    #[test]
+    fn past_the_cap_numpy_gets_plain_memory_and_it_is_counted() {
+        let config = Config {
+            host_retain: 0,
+            ..Config::default()
+        };
+        let cap = 80 << 20;
+        let h = HostPools::with_backing(
+            HostSide::Pinned,
+            Box::new(Capped {
+                inner: HostBacking::new(Kind::UMP_KIND_HOST),
+                used: AtomicUsize::new(0),
+                cap,
+            }),
+            0,
+            &config,
+        );
+        let mut blocks = Vec::new();
+        for _ in 0..6 {
+            blocks.push(h.alloc(40 << 20).unwrap().ptr);
+        }
+        let kinds: Vec<Kind> = blocks
+            .iter()
+            .map(|&p| crate::pool::lookup(p).unwrap().pool.kind())
+            .collect();
+        assert_eq!(
+            kinds
+                .iter()
+                .filter(|&&k| k == Kind::UMP_KIND_REGISTERED)
+                .count(),
+            2,
+            "two 40 MiB chunks fit the 80 MiB cap"
+        );
+        assert_eq!(
+            kinds.iter().filter(|&&k| k == Kind::UMP_KIND_HOST).count(),
+            4
+        );
+        let (allocs, mapped) = h.fallback_usage();
+        assert_eq!((allocs, mapped), (4, 4 * (40 << 20)));
+        assert_eq!(
+            h.primary().stats.in_use(),
+            6 * (40 << 20),
+            "one set of counters"
+        );
+        // Small blocks too, once the cap leaves no room for a slab's arena.
+        let s = h.alloc(1000).unwrap().ptr;
+        assert_eq!(
+            crate::pool::lookup(s).unwrap().pool.kind(),
+            Kind::UMP_KIND_HOST
+        );
+        crate::pool::free_block(s).unwrap();
+        for p in blocks {
+            crate::pool::free_block(p).unwrap();
+        }
+        assert_eq!(h.primary().stats.in_use(), 0);
+        // With the cap freed again, the pinned pool serves once more.
+        let p = h.alloc(40 << 20).unwrap().ptr;
+        assert_eq!(
+            crate::pool::lookup(p).unwrap().pool.kind(),
+            Kind::UMP_KIND_REGISTERED
+        );
+        crate::pool::free_block(p).unwrap();
+    }
+}
