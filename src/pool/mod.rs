@@ -442,8 +442,7 @@ impl Pool {
             Some(Entry::Span(sp))
                 if n > SMALL_MAX && n.next_multiple_of(GRANULE) == info.capacity =>
             {
-                sp.req.store(n, Ordering::Relaxed);
-                true
+                sp.resize(info.base, n)
             }
             _ => false,
         };

@@ -46,6 +46,15 @@ impl Span {
         self.start.load(Ordering::Acquire)
     }
 
+    /// Record a new requested size for the live block that starts at `base`.
+    pub(super) fn resize(&self, base: usize, n: usize) -> bool {
+        if self.state.load(Ordering::Acquire) != SPAN_USED || self.start() != base {
+            return false;
+        }
+        self.req.store(n, Ordering::Relaxed);
+        true
+    }
+
     fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }
@@ -358,6 +367,10 @@ impl Pool {
     ) -> &'static Span {
         let taken = self.split_tail(lg, sp, len);
         taken.req.store(req, Ordering::Relaxed);
+        if state == SPAN_SLAB {
+            // Its slots will be written: once the slab goes back, the span is not clean.
+            taken.dirty.store(true, Ordering::Relaxed);
+        }
         taken.state.store(state, Ordering::Release);
         // Huge pages (NumPy's default does this for blocks of 4 MiB and more): advise the whole
         // chunk the first time such a block lands in it, so reuse costs no system call.
