@@ -5,7 +5,9 @@ The workload keeps 2,000,000 small arrays alive (64 bytes of data each: 8 float6
 Each configuration runs in a fresh interpreter; the runs alternate, and the table shows the
 median time and the median peak resident set size (``ru_maxrss``) of each.
 
-    python benches/small_arrays_bench.py [--reps 5] [--keep 2000000] [--json out.json]
+    python benches/small_arrays_bench.py [--reps 5] [--keep 2000000] [--mode MODE] [--json out.json]
+
+MODE is passed as UMP_ALLOC_MODE to the ump-alloc runs (default: auto).
 
 Goal (issue 9): ump-alloc within 1.05x the time and 1.1x the peak memory of the default.
 """
@@ -47,9 +49,11 @@ print(json.dumps(out))
 '''
 
 
-def run(kind: str, keep: int) -> dict:
+def run(kind: str, keep: int, mode: str | None = None) -> dict:
     env = dict(os.environ)
     env.pop("UMP_ALLOC", None)
+    if mode and kind == "ump":
+        env["UMP_ALLOC_MODE"] = mode
     r = subprocess.run([sys.executable, "-c", WORKER, kind, str(keep)], capture_output=True,
                        text=True, env=env, check=True)
     return json.loads(r.stdout)
@@ -59,12 +63,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--keep", type=int, default=2_000_000)
+    p.add_argument("--mode", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     runs: dict[str, list[dict]] = {"default": [], "ump": []}
     for i in range(args.reps):
         for kind in ("default", "ump"):
-            runs[kind].append(run(kind, args.keep))
+            runs[kind].append(run(kind, args.keep, args.mode))
             print(f"  rep {i + 1}/{args.reps} {kind}: {runs[kind][-1]['time']:.3f} s", file=sys.stderr)
     assert runs["default"][0]["check"] == runs["ump"][0]["check"]
     med = {k: {"time": statistics.median(r["time"] for r in v),

@@ -3,7 +3,12 @@
 #   - the header alone must compile warning-free as C11 and as C++ (-Wall -Wextra -Werror),
 #   - test_ump.c under AddressSanitizer + UBSan: default alignment, UMP_ALLOC_ALIGNMENT=4096,
 #     and an invalid UMP_ALLOC_ALIGNMENT with --bad-config,
-#   - test_ump.c (plain -O1 -g build) under valgrind memcheck, if installed.
+#   - test_ump.c (plain -O1 -g build) under valgrind memcheck, if installed,
+#   - test_reliability.c: one process per regression scenario (issue 9: stale frees racing trim,
+#     fork while threads allocate, bursts and the limit, idle thread caches, the registry under
+#     an address-space limit, small-block alignment, messages), under ASan + UBSan except the
+#     address-space one (ASan needs a huge address space) and the fork one (ASan's own
+#     allocator is not fork-safe), which run plain.
 # Exits non-zero on any failure.
 set -euo pipefail
 
@@ -121,6 +126,12 @@ step "compile test_ump.c (plain -O1 -g)"
 cc "${CFLAGS[@]}" ${relax[@]+"${relax[@]}"} -O1 -g \
     tests/c/test_ump.c -o "$build/test_ump" "${LDFLAGS[@]}"
 
+step "compile test_reliability.c (ASan + UBSan, and plain)"
+cc "${CFLAGS[@]}" ${relax[@]+"${relax[@]}"} -fsanitize=address,undefined -fno-omit-frame-pointer -g \
+    tests/c/test_reliability.c -o "$build/test_reliability_asan" "${LDFLAGS[@]}"
+cc "${CFLAGS[@]}" ${relax[@]+"${relax[@]}"} -O1 -g \
+    tests/c/test_reliability.c -o "$build/test_reliability" "${LDFLAGS[@]}"
+
 asan_env=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
 
@@ -146,6 +157,31 @@ stage "ASan+UBSan run (UMP_ALLOC_ALIGNMENT=4096)" \
     env "${asan_env[@]}" UMP_ALLOC_ALIGNMENT=4096 "$build/test_ump_asan"
 stage "ASan+UBSan run (UMP_ALLOC_ALIGNMENT=3, --bad-config)" \
     env "${asan_env[@]}" UMP_ALLOC_ALIGNMENT=3 "$build/test_ump_asan" --bad-config
+
+# Regression scenarios, each in its own process with the configuration it needs.
+rel() {
+    local name="$1"
+    shift
+    stage "reliability: $name${*:+ ($*)}" env "${asan_env[@]}" UMP_ALLOC_NO_CUDA=1 "$@" \
+        "$build/test_reliability_asan" "$name"
+}
+rel stale-free-vs-trim
+# fork() while threads allocate runs on the plain build: GCC 12's ASan allocator is not itself
+# fork-safe (a child can block on a size-class lock another parent thread held at the fork).
+for i in 1 2 3; do
+    stage "reliability: fork-churn, round $i (plain build)" \
+        env UMP_ALLOC_NO_CUDA=1 "$build/test_reliability" fork-churn
+done
+rel burst-retain UMP_ALLOC_HOST_RETAIN=256M
+rel limit-after-free UMP_ALLOC_LIMIT=512M
+rel idle-thread-cache
+rel retain-8mib
+rel retain-zero UMP_ALLOC_HOST_RETAIN=0
+rel small-alignment
+rel small-alignment UMP_ALLOC_ALIGNMENT=4096
+rel messages
+stage "reliability: registry-oom (plain build: an address-space limit)" \
+    env UMP_ALLOC_NO_CUDA=1 "$build/test_reliability" registry-oom
 
 if command -v valgrind >/dev/null 2>&1; then
     vg=(valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite)
