@@ -222,7 +222,7 @@ impl Pool {
         retain: usize,
     ) -> &'static Pool {
         let stats = Box::leak(Box::new(PoolStats::default()));
-        Self::build(backing, align, limit, retain, stats, None, 0)
+        Self::new_shared(backing, align, limit, retain, stats)
     }
 
     /// Make a host-side pool that shares counters `stats` with another (the host side's

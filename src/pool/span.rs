@@ -285,13 +285,7 @@ impl Pool {
                     self.stats.hits.fetch_add(1, Ordering::Relaxed);
                     let mut lg = lock(&self.large);
                     lg.chunks.insert(chunk.base, chunk);
-                    let sp = self.new_span(
-                        &mut lg,
-                        chunk.base,
-                        chunk.size,
-                        (chunk.base, chunk.size),
-                        true,
-                    );
+                    let sp = self.chunk_span(&mut lg, &chunk, true);
                     return Ok(self.finish_take(&mut lg, sp, len, state, req));
                 }
                 g.make_room(chunk_len, len);
@@ -304,13 +298,7 @@ impl Pool {
                 Ok(chunk) => {
                     self.stats.misses.fetch_add(1, Ordering::Relaxed);
                     let dirty = !self.backing.fresh_is_zero();
-                    let sp = self.new_span(
-                        &mut lg,
-                        chunk.base,
-                        chunk.size,
-                        (chunk.base, chunk.size),
-                        dirty,
-                    );
+                    let sp = self.chunk_span(&mut lg, &chunk, dirty);
                     return Ok(self.finish_take(&mut lg, sp, len, state, req));
                 }
                 // The backing refused by policy (a cap, a fork() child): reclaiming changes
@@ -431,6 +419,11 @@ impl Pool {
             return Ok(chunk);
         }
         Err(last.unwrap_or_else(|| Error::oom("out of memory")))
+    }
+
+    /// A free span covering all of `chunk` (just mapped or adopted).
+    fn chunk_span(&'static self, lg: &mut Large, chunk: &Chunk, dirty: bool) -> &'static Span {
+        self.new_span(lg, chunk.base, chunk.size, (chunk.base, chunk.size), dirty)
     }
 
     fn new_span(
