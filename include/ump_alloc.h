@@ -450,13 +450,51 @@ int ump_scope_keep(const void *ptr);
 int ump_scope_depth(void);
 
 // Allocate `size` bytes for PyTorch on `device`, to be used on `stream` (a `cudaStream_t`;
-// NULL is the legacy default stream). Returns NULL with a message in `ump_last_error()` on
-// failure (PyTorch then raises its out-of-memory error), never aborts.
+// NULL is the legacy default stream). On failure returns NULL with a message in
+// `ump_last_error()`, never aborts; once `ump_torch_attach` has succeeded (PyTorch calls this
+// function), a failure is thrown to PyTorch as a C++ exception instead: `c10::OutOfMemoryError`
+// when memory or the limit ran out (Python sees `torch.OutOfMemoryError`), `c10::Error`
+// otherwise (`RuntimeError`). Before failing, what every stream of the device caches is given
+// back and the allocation tried again.
 void *ump_torch_malloc(size_t size, int device, void *stream);
 
 // Free a block from `ump_torch_malloc`; `size`, `device` and `stream` are what PyTorch passes.
-// NULL is a no-op; a foreign pointer or a double free is ignored and counted.
+// NULL is a no-op; a foreign pointer or a double free is ignored and counted. A block that
+// `ump_torch_record_stream` recorded on other streams is reused only after their work queued
+// until now.
 void ump_torch_free(void *ptr, size_t size, int device, void *stream);
+
+// The block at `ptr` (from `ump_torch_malloc` or `ump_cupy_malloc`) is used on `stream` as well
+// as on the stream it was allocated for (`tensor.record_stream(stream)`): when it is freed, it
+// is reused only once the work queued on `stream` until the free has completed. Returns
+// `UMP_OK`, or `UMP_ERR_INVALID` / `UMP_ERR_NOT_OURS` for NULL or a pointer that is not a
+// live block of ours.
+int ump_torch_record_stream(void *ptr, void *stream);
+
+// Give back the memory the device side caches, on every device and stream
+// (`torch.cuda.empty_cache()`), after waiting for frees deferred by
+// `ump_torch_record_stream`. Returns the bytes given back.
+size_t ump_torch_empty_cache(void);
+
+// Limit the device side on `device` to `fraction` (in (0, 1]) of the device's memory, as
+// `torch.cuda.set_per_process_memory_fraction` does; `UMP_ALLOC_LIMIT` still applies. An
+// allocation that would map more first gives back cached memory, then fails as out of
+// memory. Returns `UMP_OK` or `UMP_ERR_INVALID` (a fraction out of range, no such device).
+int ump_torch_set_memory_fraction(double fraction, int device);
+
+// Attach to PyTorch after `torch.cuda.memory.change_current_allocator` installed a
+// `CUDAPluggableAllocator` over `ump_torch_malloc`/`ump_torch_free`. `libtorch_cuda` is the
+// path of the `libtorch_cuda.so` that `import torch` loaded (it is not loaded here). Sets the
+// allocator's hooks (`record_stream`, `empty_cache`, `set_per_process_memory_fraction`,
+// `init`) and makes `ump_torch_malloc` throw PyTorch's out-of-memory error on failure.
+// `*oom_error`, if not NULL, is set to 1 when failures raise `torch.OutOfMemoryError` and 0
+// when they raise `RuntimeError`. Returns `UMP_OK`; `UMP_ERR_UNSUPPORTED` when that library is
+// not loaded or lacks a symbol; `UMP_ERR_INVALID` when PyTorch's current
+// allocator is not a `CUDAPluggableAllocator`; `UMP_ERR_NULL` for a NULL path.
+//
+// # Safety
+// `libtorch_cuda` is NULL or a NUL-terminated string; `oom_error` is NULL or writable.
+int ump_torch_attach(const char *libtorch_cuda, int *oom_error);
 
 #ifdef __cplusplus
 }  // extern "C"

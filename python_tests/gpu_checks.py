@@ -204,18 +204,162 @@ def out_of_memory():
     assert float(x.sum().get()) == 499500.0
 
 
-def torch_null_probe():
-    """Record what torch does when the pluggable allocator returns NULL (no assertion)."""
+def torch_out_of_memory():
+    """Over UMP_ALLOC_LIMIT, PyTorch raises torch.OutOfMemoryError with ump-alloc's message (never
+    a tensor at address 0), memory cached on other streams is given back first, and PyTorch
+    stays usable."""
     import torch
 
     import ump_alloc
+    from ump_alloc import _torch
 
     ump_alloc.enable(cupy=False, torch=True)
+    assert _torch.attached(), "ump_torch_attach failed"
+    limit = 256 << 20
+    keep = torch.arange(1000, device="cuda", dtype=torch.float32)
+    for nbytes in (1 << 30, 2 * limit):
+        try:
+            t = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError as e:
+            assert "UMP_ALLOC_LIMIT" in str(e) and "ump-alloc" in str(e), str(e)
+        else:
+            raise AssertionError(f"no OutOfMemoryError; got a tensor at {t.data_ptr():#x}")
+    # 150 MiB cached on a side stream's pool: the default stream's 150 MiB fits only once it
+    # is given back (or adopted), under a 256 MiB limit.
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        a = torch.empty(150 << 20, dtype=torch.uint8, device="cuda")
+        a.fill_(3)
+    side.synchronize()
+    del a
+    b = torch.full((150 << 20,), 5, dtype=torch.uint8, device="cuda")
+    assert int(b[:1000].sum()) == 5000
+    del b
+    assert float(keep.sum()) == 499500.0
+    x = torch.randn(1000, device="cuda")
+    assert abs(float(x.cpu().sum()) - float(x.sum())) < 1e-2
+
+
+def _record_stream_trials(record, trials=10):
+    """The issue-11 scenario: x is filled on the default stream and read on a side stream behind
+    a 30 ms kernel; x.record_stream(side) (or not), del x; a new tensor of the same size on the
+    default stream is written at once. Returns (wrong sums, reuses of x's block)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    n = 16 << 20  # 64 MiB of int32
+    gen = torch.Generator(device="cpu").manual_seed(11)
+    wrong = reused = 0
+    for _ in range(trials):
+        host = torch.randint(1, 1 << 20, (n,), generator=gen, dtype=torch.int32)
+        expected = int(host.sum(dtype=torch.int64))
+        x = host.cuda()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(int(30e-3 * 1.5e9))
+            total = x.sum(dtype=torch.int64)
+        if record:
+            x.record_stream(side)
+        ptr = x.data_ptr()
+        del x
+        y = torch.full((n,), -7, dtype=torch.int32, device="cuda")  # the poison
+        reused += y.data_ptr() == ptr
+        side.synchronize()
+        wrong += int(total.item()) != expected
+        del y, total
+        torch.cuda.synchronize()
+    return wrong, reused
+
+
+def torch_record_stream():
+    """tensor.record_stream(side) keeps the block from reuse until the side stream's work is done.
+    The control (the same program without record_stream, i.e. the hook ignored) must show the
+    corruption, so the check can fail."""
+    import torch
+
+    import ump_alloc
+    from ump_alloc import _torch
+
+    ump_alloc.enable(cupy=False, torch=True)
+    assert _torch.attached(), "ump_torch_attach failed"
+    wrong, reused = _record_stream_trials(record=False)
+    print(f"control, no record_stream: {wrong}/10 wrong sums, {reused}/10 blocks reused")
+    assert reused > 0 and wrong > 0, "the control did not reproduce the race: the check cannot fail"
+    wrong, reused = _record_stream_trials(record=True)
+    print(f"record_stream: {wrong}/10 wrong sums, {reused}/10 blocks reused at once")
+    assert wrong == 0, f"{wrong}/10 sums wrong: a recorded block was reused under the side stream"
+    # Deferred blocks do go back: after the streams finish, the cache serves them again.
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    x = torch.ones(16 << 20, dtype=torch.int32, device="cuda")
+    with torch.cuda.stream(side):
+        x.sum()  # the side stream's pool exists before the baseline
+    del x
+    side.synchronize()
+    before = ump_alloc.stats()["devices"][0]["mapped"]
+    for _ in range(5):
+        x = torch.ones(16 << 20, dtype=torch.int32, device="cuda")
+        with torch.cuda.stream(side):
+            x.sum()
+        x.record_stream(side)
+        del x
+        side.synchronize()
+    after = ump_alloc.stats()["devices"][0]["mapped"]
+    assert after <= before + (128 << 20), f"deferred blocks pile up: {before >> 20} -> {after >> 20} MiB"
+    # A double free of a deferred block is refused, not a second free.
+    L = _lib_handle()
+    p = L.ump_torch_malloc(1 << 20, 0, None)
+    s2 = torch.cuda.Stream()
+    with torch.cuda.stream(s2):
+        torch.cuda._sleep(int(20e-3 * 1.5e9))
+    assert L.ump_torch_record_stream(p, ctypes.c_void_p(s2.cuda_stream)) == 0
+    errors = L.ump_error_count()
+    L.ump_torch_free(p, 1 << 20, 0, None)
+    L.ump_torch_free(p, 1 << 20, 0, None)
+    assert L.ump_error_count() == errors + 1 and "double free" in ump_alloc.last_error()
+    s2.synchronize()
+
+
+def _lib_handle():
+    from ump_alloc import _lib
+
+    return _lib.lib()
+
+
+def torch_empty_cache_and_fraction():
+    """torch.cuda.empty_cache() gives ump-alloc's device cache back; set_per_process_memory_fraction
+    is a limit (torch.OutOfMemoryError past it), and raising it again lifts it."""
+    import torch
+
+    import ump_alloc
+    from ump_alloc import _torch
+
+    ump_alloc.enable(cupy=False, torch=True)
+    assert _torch.attached()
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    x.fill_(1)
+    torch.cuda.synchronize()
+    del x
+    mapped = ump_alloc.stats()["devices"][0]["mapped"]
+    assert mapped >= 1 << 30, "the freed GiB should stay cached"
+    torch.cuda.empty_cache()
+    after = ump_alloc.stats()["devices"][0]["mapped"]
+    assert after <= mapped - (1 << 30), f"empty_cache gave back {(mapped - after) >> 20} MiB"
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(0.05, 0)
+    cap = int(total * 0.05)
+    a = torch.empty(cap // 2, dtype=torch.uint8, device="cuda")
     try:
-        t = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-        print(f"torch.empty over the limit returned a tensor with data_ptr={t.data_ptr():#x}")
-    except Exception as e:  # noqa: BLE001
-        print(f"torch.empty over the limit raised {type(e).__name__}: {e}")
+        b = torch.empty(cap // 2 + (256 << 20), dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        assert "fraction" in str(e), str(e)
+    else:
+        raise AssertionError(f"no OutOfMemoryError past the fraction ({b.numel() >> 20} MiB)")
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    b = torch.empty(cap // 2 + (256 << 20), dtype=torch.uint8, device="cuda")
+    b.fill_(2)
+    a.fill_(1)
+    assert int(b[-10:].sum()) == 20 and int(a[:10].sum()) == 10
 
 
 def system_mode_refused():

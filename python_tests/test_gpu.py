@@ -84,9 +84,18 @@ def test_out_of_memory(mode):
     check("out_of_memory", mode, {"UMP_ALLOC_LIMIT": "256M"})
 
 
-def test_torch_null_return_probe():
-    r = check("torch_null_probe", "managed", {"UMP_ALLOC_LIMIT": "256M"})
-    assert "torch.empty over the limit" in r.stdout
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_torch_out_of_memory(mode):
+    check("torch_out_of_memory", mode, {"UMP_ALLOC_LIMIT": "256M"})
+
+
+@pytest.mark.parametrize("mode", ["managed", "device"])
+def test_torch_record_stream(mode):
+    check("torch_record_stream", mode)
+
+
+def test_torch_empty_cache_and_fraction():
+    check("torch_empty_cache_and_fraction", "managed")
 
 
 def test_forcing_system_without_hmm_is_refused():

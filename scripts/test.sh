@@ -11,5 +11,7 @@ echo "== cargo test"
 cargo test --quiet
 echo "== C ABI (ASan, valgrind)"
 bash tests/c/run.sh
+echo "== PyTorch C++ ABI (a stand-in libtorch_cuda.so)"
+bash tests/cxx/run.sh
 echo "== pytest"
 .venv/bin/python -m pytest python_tests -q -p no:cacheprovider

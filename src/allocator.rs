@@ -461,9 +461,27 @@ pub fn free(ptr: usize) -> Result<()> {
     if ptr == 0 {
         return Ok(());
     }
+    if crate::stream::any_deferred() {
+        refuse_deferred(ptr)?;
+    }
     // Before the free: once freed, another thread may get the same address.
     crate::scope::on_free(ptr);
     pool::free_block(ptr).map(|_| ())
+}
+
+/// A block whose free waits for other streams was freed already: another free is a double free.
+#[cold]
+fn refuse_deferred(ptr: usize) -> Result<()> {
+    let deferred = pool::lookup(ptr)
+        .filter(|i| i.pool.is_stream_ordered())
+        .and_then(|i| get().and_then(|a| a.device_group(i.pool.device())))
+        .is_some_and(|g| g.is_deferred(ptr));
+    if deferred {
+        return Err(Error::double_free(format!(
+            "double free of {ptr:#x} (freed already, waiting for the streams it was recorded on)"
+        )));
+    }
+    Ok(())
 }
 
 // ---- the device side (CuPy's and PyTorch's contracts) --------------------------------------
@@ -472,7 +490,9 @@ pub fn free(ptr: usize) -> Result<()> {
 /// used on (0: the legacy default stream).
 pub fn device_malloc(n: usize, device: i32, stream: usize) -> Result<usize> {
     let a = instance()?;
-    let ptr = a.device_pools(device)?.pool_for(stream)?.alloc(n)?.ptr;
+    let g = a.device_pools(device)?;
+    g.release_deferred(false);
+    let ptr = g.pool_for(stream)?.alloc(n)?.ptr;
     crate::scope::on_alloc(ptr, n);
     Ok(ptr)
 }
@@ -488,9 +508,52 @@ pub fn device_free(ptr: usize, _device: i32, stream: usize) -> Result<()> {
     if info.pool.is_stream_ordered()
         && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
     {
+        refuse_deferred(ptr)?;
         g.fence_free(info.pool, stream);
+        if ptr == info.base && g.defer_free(ptr) {
+            crate::scope::on_free(ptr);
+            return Ok(());
+        }
     }
     free(ptr)
+}
+
+/// The block at `ptr` (from [`device_malloc`]) is used on `stream` too (PyTorch's
+/// `tensor.record_stream`): when it is freed, it is reused only after the work queued on
+/// `stream` until then. Blocks of pools that are not stream-ordered need nothing.
+pub fn device_record_stream(ptr: usize, stream: usize) -> Result<()> {
+    let info = block_at(ptr)?;
+    if info.pool.is_stream_ordered()
+        && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
+    {
+        g.record_stream(info.pool, info.base, stream);
+    }
+    Ok(())
+}
+
+/// Give back what the device side caches on every device and stream (PyTorch's
+/// `torch.cuda.empty_cache()`), after the deferred frees complete. Returns the bytes given back.
+pub fn device_trim() -> usize {
+    get().map_or(0, |a| a.device_groups().iter().map(|g| g.trim()).sum())
+}
+
+/// Limit the device side of `device` to `fraction` of its memory (PyTorch's
+/// `torch.cuda.set_per_process_memory_fraction`), besides `UMP_ALLOC_LIMIT`.
+pub fn set_device_fraction(device: i32, fraction: f64) -> Result<()> {
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err(Error::invalid(format!(
+            "memory fraction {fraction} is not in (0, 1]"
+        )));
+    }
+    let a = instance()?;
+    let total = usize::try_from(device)
+        .ok()
+        .and_then(|i| caps().devices.get(i))
+        .map(|d| d.total_memory)
+        .ok_or_else(|| Error::invalid(format!("no CUDA device {device}")))?;
+    let bytes = ((total as f64) * fraction) as usize;
+    a.device_pools(device)?.set_runtime_limit(bytes.max(1));
+    Ok(())
 }
 
 /// Give cached memory of every pool back to the OS and the driver, whichever thread cached
@@ -525,6 +588,9 @@ pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
         }
         for g in &groups {
             g.fork_lock_orphans(held);
+        }
+        for g in &groups {
+            g.fork_lock_recorded(held);
         }
     } else {
         pool::tcache_fork_prepare(held);

@@ -12,7 +12,8 @@
 //! 3. the thread-cache list, and every thread cache is quiesced (no thread is inside one);
 //! 4. every pool's class locks, then every pool's large lock, then every pool's retire-event
 //!    lock (host pool first, then each device's pools);
-//! 5. each device's orphan list, the CUDA event cache, the scope table.
+//! 5. each device's orphan list, each device's table of blocks recorded on other streams,
+//!    the CUDA event cache, the scope table.
 //!
 //! In the child, the caches of threads that do not exist there go back to their pools.
 

@@ -24,6 +24,12 @@
 //! retired pool that holds no chunk any more serves the next new stream, so the number of
 //! pools is bounded by the streams in use at once, not by the streams ever made.
 //!
+//! **Blocks used on other streams** (PyTorch's `tensor.record_stream(s)`). A block recorded on
+//! streams other than its own is not reused when it is freed: an event is recorded on each of
+//! those streams, and the block goes back only once they have all completed (polled at the
+//! next allocation on the device, waited for by `trim`, `torch.cuda.empty_cache()` and before
+//! an out-of-memory error), as PyTorch's caching allocator does. No stream is made to wait.
+//!
 //! The pool list is append-only and lock-free to read (a stream's pool is found with no lock);
 //! making and recycling pools is serialised by one lock per device.
 //!
@@ -36,7 +42,8 @@ use crate::error::Result;
 use crate::pool::{Group, Pool, lock};
 use crate::prim::cuda;
 use crate::stats::PoolStats;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// `CU_STREAM_LEGACY`: the legacy default stream by its explicit handle (same as 0).
@@ -61,12 +68,39 @@ struct Node {
 /// An idle chunk of a retired stream, with the event after which another stream may use it.
 type Orphan = (Chunk, Option<Arc<cuda::Event>>);
 
+/// Deferred frees on every device: 0 keeps `allocator::free` from looking them up.
+static DEFERRED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any free is deferred (see [`StreamPools::is_deferred`]).
+#[inline]
+pub fn any_deferred() -> bool {
+    DEFERRED.load(Ordering::Relaxed) != 0
+}
+
+/// A freed block waiting for the work of the streams it was recorded on.
+struct Deferred {
+    ptr: usize,
+    events: Vec<Arc<cuda::Event>>,
+}
+
+/// Blocks recorded on other streams, and the frees waiting for them.
+#[derive(Default)]
+struct Recorded {
+    /// Live block start -> the other streams it was recorded on.
+    streams: HashMap<usize, Vec<usize>>,
+    /// Freed blocks, oldest first, that go back once their events complete.
+    pending: Vec<Deferred>,
+}
+
 /// The pools of one device, one per stream, sharing counters and a limit.
 pub struct StreamPools {
     device: i32,
     make_backing: Box<dyn Fn() -> Box<dyn Backing> + Send + Sync>,
     align: usize,
+    /// `UMP_ALLOC_LIMIT`.
     limit: Option<usize>,
+    /// A limit set at run time in bytes (PyTorch's memory fraction); 0: none.
+    fraction_limit: AtomicUsize,
     retain: usize,
     /// Whether events order reuse across streams (false without a CUDA driver, in tests).
     ordered: bool,
@@ -83,6 +117,10 @@ pub struct StreamPools {
     pub waits: AtomicU64,
     /// Cross-stream reuses that had to synchronise (the event was not usable).
     pub syncs: AtomicU64,
+    /// Blocks recorded on other streams and deferred frees (see the module docs).
+    recorded: Mutex<Recorded>,
+    /// Entries in `recorded.streams` plus `recorded.pending`: 0 keeps the hot paths lock-free.
+    recorded_count: AtomicUsize,
 }
 
 // SAFETY: `Node::next` is a raw pointer only to leaked, immutable nodes; everything else is
@@ -108,6 +146,7 @@ impl StreamPools {
             make_backing,
             align,
             limit,
+            fraction_limit: AtomicUsize::new(0),
             retain,
             ordered,
             stats,
@@ -117,6 +156,8 @@ impl StreamPools {
             backing,
             waits: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            recorded: Mutex::new(Recorded::default()),
+            recorded_count: AtomicUsize::new(0),
         }))
     }
 
@@ -158,7 +199,6 @@ impl StreamPools {
         let p = Pool::for_stream(
             (self.make_backing)(),
             self.align,
-            self.limit,
             self.retain,
             self,
             self.stats,
@@ -255,10 +295,123 @@ impl StreamPools {
         all.into_iter().map(|o| self.release_orphan(o)).sum()
     }
 
-    /// Return all cached memory of every stream (empty slabs and orphans included). Returns
-    /// the bytes given back to the backing.
+    /// Return all cached memory of every stream (empty slabs and orphans included), after
+    /// waiting for the blocks whose frees were deferred. Returns the bytes given back to the
+    /// backing.
     pub fn trim(&self) -> usize {
+        self.release_deferred(true);
         self.iter().map(|p| p.trim()).sum::<usize>() + self.release_orphans()
+    }
+
+    /// Set (or, with 0, clear) a limit on the device's mapped bytes besides `UMP_ALLOC_LIMIT`.
+    /// Lowering it below what is mapped gives idle memory back; blocks in use stay.
+    pub fn set_runtime_limit(&self, bytes: usize) {
+        self.fraction_limit.store(bytes, Ordering::Relaxed);
+        if bytes != 0 && self.stats.mapped.load(Ordering::Relaxed) > bytes {
+            self.trim();
+        }
+    }
+
+    // ---- blocks used on other streams (record_stream) ------------------------------------
+
+    /// Block `ptr` of `pool` is used on `stream` too: when it is freed, it goes back only once
+    /// the work queued on `stream` until then is done. Recording its own stream does nothing.
+    pub fn record_stream(&self, pool: &Pool, ptr: usize, stream: usize) {
+        let stream = normalize(stream);
+        if !self.ordered || stream == pool.stream() {
+            return;
+        }
+        let mut r = lock(&self.recorded);
+        let streams = r.streams.entry(ptr).or_insert_with(|| {
+            self.recorded_count.fetch_add(1, Ordering::Relaxed);
+            Vec::new()
+        });
+        if !streams.contains(&stream) {
+            streams.push(stream);
+        }
+    }
+
+    /// Whether `ptr` was freed already and waits for other streams (a second free of it is a
+    /// double free).
+    pub fn is_deferred(&self, ptr: usize) -> bool {
+        self.recorded_count.load(Ordering::Relaxed) != 0
+            && lock(&self.recorded).pending.iter().any(|d| d.ptr == ptr)
+    }
+
+    /// The free of block `ptr`, recorded on other streams: record an event on each and keep
+    /// the block until they complete. Returns false when the block may go back at once.
+    pub fn defer_free(&self, ptr: usize) -> bool {
+        if self.recorded_count.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        // The table is not held while events are recorded: a retire event's lock comes
+        // before it in the fork order.
+        let Some(streams) = lock(&self.recorded).streams.remove(&ptr) else {
+            return false;
+        };
+        let mut events = Vec::with_capacity(streams.len());
+        for s in streams {
+            if let Some(p) = self.retired_pool(s) {
+                // The handle is gone: its retire event stands for all its work.
+                if let Some(ev) = lock(&p.retire_event).as_ref() {
+                    events.push(ev.clone());
+                }
+                continue;
+            }
+            match cuda::Event::record(s, self.device) {
+                Ok(ev) => events.push(Arc::new(ev)),
+                Err(_) => {
+                    // No event on that stream: wait for the whole device instead.
+                    self.syncs.fetch_add(1, Ordering::Relaxed);
+                    let _ = cuda::device_synchronize(self.device);
+                }
+            }
+        }
+        if events.is_empty() {
+            self.recorded_count.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        lock(&self.recorded).pending.push(Deferred { ptr, events });
+        DEFERRED.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Give back the deferred blocks whose streams are done (with `wait`, all of them, after
+    /// waiting). Returns how many went back.
+    pub fn release_deferred(&self, wait: bool) -> usize {
+        if self.recorded_count.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        let ready: Vec<usize> = {
+            let mut r = lock(&self.recorded);
+            let mut ready = Vec::new();
+            r.pending.retain(|d| {
+                let done = d.events.iter().all(|ev| {
+                    if wait && ev.wait().is_err() {
+                        let _ = cuda::device_synchronize(self.device);
+                    }
+                    wait || !matches!(ev.done(), Ok(false))
+                });
+                if done {
+                    ready.push(d.ptr);
+                }
+                !done
+            });
+            self.recorded_count
+                .fetch_sub(ready.len(), Ordering::Relaxed);
+            DEFERRED.fetch_sub(ready.len(), Ordering::Relaxed);
+            ready
+        };
+        // No lock of ours is held while the blocks go back to their pools.
+        for &ptr in &ready {
+            let _ = crate::pool::free_block(ptr);
+        }
+        ready.len()
+    }
+
+    /// Fork: the recorded-stream table (after the orphans, before the driver's event cache).
+    pub(crate) fn fork_lock_recorded(&'static self, held: &mut crate::fork::Held) {
+        held.push(lock(&self.recorded));
     }
 
     /// Free bytes held by every stream's pool and the orphans.
@@ -323,7 +476,9 @@ impl Group for StreamPools {
 
     /// Under the limit, give back idle memory of every stream so that `want` more bytes fit.
     fn make_room(&self, want: usize, need: usize) {
-        let Some(limit) = self.limit else { return };
+        let Some((limit, _)) = Group::limit(self) else {
+            return;
+        };
         let mapped = self.stats.mapped.load(Ordering::Relaxed);
         if mapped + want <= limit || mapped + need <= limit {
             return;
@@ -333,6 +488,15 @@ impl Group for StreamPools {
 
     fn release_idle(&self) -> usize {
         self.trim()
+    }
+
+    fn limit(&self) -> Option<(usize, &'static str)> {
+        let runtime = self.fraction_limit.load(Ordering::Relaxed);
+        match (self.limit, runtime) {
+            (Some(l), r) if r == 0 || l <= r => Some((l, "UMP_ALLOC_LIMIT")),
+            (_, 0) => None,
+            (_, r) => Some((r, "the device's memory fraction limit")),
+        }
     }
 
     fn adopt(&self, chunk: Chunk, fence: Option<Arc<cuda::Event>>) {
@@ -489,6 +653,36 @@ mod tests {
             p.free(a.ptr).unwrap();
         }
         assert!(g.stats.mapped.load(Ordering::Relaxed) <= 1 << 30);
+    }
+
+    /// PyTorch's memory fraction: a limit set at run time, lifted again, beside UMP_ALLOC_LIMIT.
+    #[test]
+    fn a_runtime_limit_applies_to_every_stream_and_can_be_lifted() {
+        let g = group(Some(200 << 20));
+        let s1 = g.pool_for(0x50).unwrap();
+        let a = s1.alloc(40 << 20).unwrap().ptr;
+        s1.free(a).unwrap();
+        g.set_runtime_limit(60 << 20);
+        assert_eq!(
+            g.stats.mapped.load(Ordering::Relaxed),
+            40 << 20,
+            "40 MiB idle is within the new 60 MiB limit"
+        );
+        let s2 = g.pool_for(0x60).unwrap();
+        let e = s2.alloc(100 << 20).unwrap_err();
+        assert_eq!(e.class, crate::error::ErrorClass::Limit, "{}", e.msg);
+        assert!(e.msg.contains("fraction"), "{}", e.msg);
+        g.set_runtime_limit(20 << 20);
+        assert_eq!(
+            g.stats.mapped.load(Ordering::Relaxed),
+            0,
+            "idle memory above it went back"
+        );
+        g.set_runtime_limit(0);
+        let b = s2.alloc(100 << 20).unwrap().ptr;
+        let e = s2.alloc(150 << 20).unwrap_err();
+        assert!(e.msg.contains("UMP_ALLOC_LIMIT"), "{}", e.msg);
+        s2.free(b).unwrap();
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub trait Group: Send + Sync {
     fn make_room(&self, want: usize, need: usize);
     /// Give back idle memory of every stream. Returns the bytes given back.
     fn release_idle(&self) -> usize;
+    /// The device's limit on mapped bytes now (it may change: PyTorch's memory fraction), and
+    /// what set it, for messages.
+    fn limit(&self) -> Option<(usize, &'static str)>;
     /// Take a wholly free chunk of a retired stream's pool, ordered by `fence` (the retire
     /// event), to lend to other streams or give back.
     fn adopt(&self, chunk: Chunk, fence: Option<Arc<cuda::Event>>);
@@ -238,16 +241,16 @@ impl Pool {
     }
 
     /// Make the pool of `stream` inside a device's stream pools, sharing their counters.
+    /// Its limit is the group's ([`Group::limit`]).
     pub fn for_stream(
         backing: Box<dyn Backing>,
         align: usize,
-        limit: Option<usize>,
         retain: usize,
         group: &'static dyn Group,
         stats: &'static PoolStats,
         stream: usize,
     ) -> &'static Pool {
-        Self::build(backing, align, limit, retain, stats, Some(group), stream)
+        Self::build(backing, align, None, retain, stats, Some(group), stream)
     }
 
     fn build(
@@ -282,6 +285,14 @@ impl Pool {
             decay_ms: AtomicU64::new(0),
             decay_due: AtomicU64::new(0),
         }))
+    }
+
+    /// The limit on this pool's mapped bytes (its group's, for a stream pool), and what set it.
+    pub(crate) fn limit(&self) -> Option<(usize, &'static str)> {
+        match self.group {
+            Some(g) => g.limit(),
+            None => self.limit.map(|l| (l, "UMP_ALLOC_LIMIT")),
+        }
     }
 
     /// Keep wholly free chunks above `retain` for `decay` before they go back (pinned memory:

@@ -382,11 +382,12 @@ impl Pool {
             if last.is_some() && size == want {
                 continue;
             }
-            if !self.stats.reserve_mapped(size, self.limit) {
+            let limit = self.limit();
+            if !self.stats.reserve_mapped(size, limit.map(|l| l.0)) {
                 let mapped = self.stats.mapped.load(Ordering::Relaxed);
+                let (bytes, source) = limit.unwrap_or((0, "the limit"));
                 last = Some(Error::limit(format!(
-                    "UMP_ALLOC_LIMIT of {} bytes reached ({mapped} mapped, {need} more needed)",
-                    self.limit.unwrap_or(0)
+                    "{source} of {bytes} bytes reached ({mapped} mapped, {need} more needed)"
                 )));
                 continue;
             }

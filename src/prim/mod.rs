@@ -1,5 +1,7 @@
-//! Primitives: every call into the operating system (`os`) and the CUDA driver (`cuda`) lives
-//! here, the way mimalloc keeps its OS layer in `src/prim/`. The rest of the crate is policy.
+//! Primitives: every call into the operating system (`os`), the CUDA driver (`cuda`) and
+//! PyTorch's C++ library (`torch`) lives here, the way mimalloc keeps its OS layer in
+//! `src/prim/`. The rest of the crate is policy.
 
 pub mod cuda;
 pub mod os;
+pub mod torch;
