@@ -411,6 +411,16 @@ int ump_stats(struct ump_stats *out);
 // `reset_peak_memory_stats`). Returns `UMP_OK`.
 int ump_reset_peak(void);
 
+// Memory of `device` for the device side: `*free` is what the driver reports free plus what
+// ump-alloc caches on the device (ready for reuse), `*total` the device's memory (Numba's
+// `get_memory_info`, `cudaMemGetInfo` as seen through ump-alloc). Returns `UMP_OK`;
+// `UMP_ERR_NULL` for a NULL output; `UMP_ERR_INVALID` / `UMP_ERR_UNSUPPORTED` when there is no
+// such device or no GPU. Outputs are written only on success.
+//
+// # Safety
+// `free` and `total` are NULL or writable.
+int ump_device_memory_info(int device, size_t *free, size_t *total);
+
 // Tell ump-alloc that `stream` (a `cudaStream_t`) of `device` (-1: every device) is about to
 // be destroyed. Call it before `cudaStreamDestroy` for any stream blocks were allocated on
 // (`ump_alloc`'s CuPy integration does this for CuPy streams): ump-alloc records one last

@@ -886,3 +886,51 @@ def dataloader_fork_workers():
         seen += len(idx)
     assert seen == len(data)
     print("batches ok:", seen)
+
+
+def numba_emm():
+    """Numba's device arrays come from ump-alloc through the EMM plugin (NUMBA_CUDA_MEMORY_MANAGER
+    is set by the test): a kernel fills a poisoned array with hashed indices, identify() knows it,
+    get_memory_info() is sane, and defer_cleanup() holds frees back."""
+    import numba
+    from numba import cuda
+
+    import ump_alloc
+    import ump_alloc.numba as un
+
+    assert os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") == "ump_alloc.numba"
+    ctx = cuda.current_context()
+    assert isinstance(ctx.memory_manager, un.UmpNumbaManager), type(ctx.memory_manager)
+
+    @cuda.jit
+    def fill(out, seed):
+        i = cuda.grid(1)
+        if i < out.size:
+            h = (i * 2654435761 + seed) & 0xFFFFFFFF
+            h ^= h >> 15
+            out[i] = h & 0xFFFFFF
+
+    n = 3_000_001
+    seed = int.from_bytes(os.urandom(3), "little")
+    d = cuda.to_device(np.full(n, -1, dtype=np.int64))  # poisoned
+    fill[(n + 255) // 256, 256](d, seed)
+    got = d.copy_to_host()
+    i = np.arange(n, dtype=np.int64)
+    h = (i * 2654435761 + seed) & 0xFFFFFFFF
+    h ^= h >> 15
+    assert np.array_equal(got, h & 0xFFFFFF), "kernel result differs"
+    ident = ump_alloc.identify(d.__cuda_array_interface__["data"][0])
+    assert ident.ours and ident.device_accessible and ident.size >= n * 8, ident
+    free, total = ctx.get_memory_info()
+    assert 0 < free <= total, (free, total)
+    before = ump_alloc.stats()["devices"][0]["in_use"]
+    with cuda.defer_cleanup():
+        big = cuda.device_array(64 << 20, dtype=np.uint8)
+        mid = ump_alloc.stats()["devices"][0]["in_use"]
+        assert mid >= before + (64 << 20), (before, mid)
+        del big
+        ctx.memory_manager.deallocations.clear()  # deferred: nothing is freed inside defer_cleanup
+        assert ump_alloc.stats()["devices"][0]["in_use"] == mid, "freed inside defer_cleanup"
+    ctx.memory_manager.deallocations.clear()
+    assert ump_alloc.stats()["devices"][0]["in_use"] <= mid - (64 << 20), "never freed"
+    print(f"numba {numba.__version__}: EMM plugin ok, memory info {free >> 20}/{total >> 20} MiB")

@@ -204,3 +204,9 @@ def test_fork_child_of_a_cuda_process(mode):
 
 def test_dataloader_fork_workers():
     check("dataloader_fork_workers", None, {"UMP_ALLOC": "1"})
+
+
+@pytest.mark.parametrize("mode", ["managed", "device"])
+def test_numba_emm_plugin(mode):
+    pytest.importorskip("numba.cuda")
+    check("numba_emm", mode, {"NUMBA_CUDA_MEMORY_MANAGER": "ump_alloc.numba"})

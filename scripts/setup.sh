@@ -10,5 +10,6 @@ if [ ! -x .venv/bin/python ]; then
     "$py" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q --disable-pip-version-check "numpy>=1.22" "numpy_allocator>=1.2" "pytest>=7"
+.venv/bin/python -m pip install -q --disable-pip-version-check "numpy>=1.22" "numpy_allocator>=1.2" "pytest>=7" \
+    "dask[array,distributed]>=2024.1"
 .venv/bin/python -m pip install -q --disable-pip-version-check --force-reinstall --no-deps .

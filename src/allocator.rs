@@ -537,6 +537,15 @@ pub fn device_trim() -> usize {
     get().map_or(0, |a| a.device_groups().iter().map(|g| g.trim()).sum())
 }
 
+/// Memory of `device` available to ump-alloc's device side: (free, total) bytes, where free is
+/// what the driver reports free plus what ump-alloc caches on the device (ready for reuse).
+pub fn device_memory_info(device: i32) -> Result<(usize, usize)> {
+    let a = instance()?;
+    let g = a.device_pools(device)?;
+    let (free, total) = cuda::mem_info(device)?;
+    Ok((free.saturating_add(g.cached_bytes()).min(total), total))
+}
+
 /// Limit the device side of `device` to `fraction` of its memory (PyTorch's
 /// `torch.cuda.set_per_process_memory_fraction`), besides `UMP_ALLOC_LIMIT`.
 pub fn set_device_fraction(device: i32, fraction: f64) -> Result<()> {

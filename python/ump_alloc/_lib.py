@@ -195,6 +195,7 @@ SIGNATURES = {
     "ump_torch_empty_cache": (c_size_t, []),
     "ump_torch_set_memory_fraction": (c_int, [ctypes.c_double, c_int]),
     "ump_torch_attach": (c_int, [ctypes.c_char_p, ctypes.POINTER(c_int)]),
+    "ump_device_memory_info": (c_int, [c_int, ctypes.POINTER(c_size_t), ctypes.POINTER(c_size_t)]),
     "ump_torch_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
     "ump_last_error": (c_char_p, []),
     "ump_clear_error": (None, []),

@@ -504,6 +504,34 @@ pub extern "C" fn ump_reset_peak() -> c_int {
     })
 }
 
+/// Memory of `device` for the device side: `*free` is what the driver reports free plus what
+/// ump-alloc caches on the device (ready for reuse), `*total` the device's memory (Numba's
+/// `get_memory_info`, `cudaMemGetInfo` as seen through ump-alloc). Returns `UMP_OK`;
+/// `UMP_ERR_NULL` for a NULL output; `UMP_ERR_INVALID` / `UMP_ERR_UNSUPPORTED` when there is no
+/// such device or no GPU. Outputs are written only on success.
+///
+/// # Safety
+/// `free` and `total` are NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_device_memory_info(
+    device: c_int,
+    free: *mut usize,
+    total: *mut usize,
+) -> c_int {
+    status("ump_device_memory_info", || {
+        if free.is_null() || total.is_null() {
+            return Err(Error::new(Status::UMP_ERR_NULL, "free or total is NULL"));
+        }
+        let (f, t) = allocator::device_memory_info(device)?;
+        // SAFETY: both checked non-NULL; the caller passes writable size_t's.
+        unsafe {
+            *free = f;
+            *total = t;
+        }
+        Ok(())
+    })
+}
+
 /// Tell ump-alloc that `stream` (a `cudaStream_t`) of `device` (-1: every device) is about to
 /// be destroyed. Call it before `cudaStreamDestroy` for any stream blocks were allocated on
 /// (`ump_alloc`'s CuPy integration does this for CuPy streams): ump-alloc records one last
