@@ -45,8 +45,23 @@ except ImportError:  # pragma: no cover - older Numba
 _POINTER_TAKES_CONTEXT = "context" in _inspect.signature(_MemoryPointer.__init__).parameters
 
 
+def _uses_nvidia_binding() -> bool:
+    """Whether Numba talks to the driver through NVIDIA's cuda-python bindings (numba-cuda does
+    by default) rather than ctypes: device pointers are then ``CUdeviceptr`` objects."""
+    from numba.cuda.cudadrv import driver as drv
+
+    flag = getattr(drv, "USE_NV_BINDING", None)
+    if flag is None:
+        flag = getattr(_config, "CUDA_USE_NVIDIA_BINDING", None)
+    if flag is None:
+        import sys
+
+        flag = "cuda.bindings.driver" in sys.modules
+    return bool(flag)
+
+
 def _device_pointer(ptr: int):
-    if getattr(_config, "CUDA_USE_NVIDIA_BINDING", False):
+    if _uses_nvidia_binding():
         from cuda.bindings.driver import CUdeviceptr
 
         return CUdeviceptr(ptr)
@@ -82,9 +97,13 @@ class UmpNumbaManager(_GetIpcHandleMixin, _HostOnly):
         deallocations = self.deallocations
         free = L.ump_cupy_free
 
-        def finalizer(ptr=ptr, size=size, device=device):
-            # Through Numba's queue: cuda.defer_cleanup() holds it back.
-            deallocations.add_item(free, None, _ctypes.c_void_p(ptr), device, size=size)
+        def release(handle, device=device):
+            free(None, _ctypes.c_void_p(handle), device)
+
+        def finalizer(ptr=ptr, size=size):
+            # Through Numba's queue (add_item(dtor, handle, size)): cuda.defer_cleanup() holds
+            # it back, as for Numba's own allocations.
+            deallocations.add_item(release, ptr, size=size)
 
         args = (self.context,) if _POINTER_TAKES_CONTEXT else ()
         return _MemoryPointer(*args, _device_pointer(ptr), size, finalizer=finalizer)
