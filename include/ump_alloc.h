@@ -9,6 +9,10 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+// The `param` of a CuPy `CFunctionAllocator` whose blocks are made for CuPy's current stream
+// and freed into that stream's pool (needs `ump_cupy_fast_path_init`). `(void *)-2`.
+#define UMP_CUPY_CURRENT_STREAM -2
+
 // Most devices `ump_capabilities` describes.
 #define UMP_MAX_DEVICES 16
 
@@ -17,6 +21,9 @@
 
 // Version of `ump_identity`.
 #define UMP_IDENTITY_VERSION 1
+
+// Current version of `struct ump_pool_stat`.
+#define UMP_POOL_STAT_VERSION 1
 
 // `ump_scope_begin_ex` flag: at the end, report live blocks but leave them allocated (for
 // callers whose blocks are owned elsewhere, such as Python arrays).
@@ -248,6 +255,28 @@ struct ump_stats {
   uint64_t pinned_cap;
 };
 
+// One pool of ump-alloc, as `ump_pool_stat` reports it. Versioned like `ump_stats`.
+struct ump_pool_stat {
+  // In: bytes the caller provides (0: the current size). Out: bytes written.
+  uint32_t size;
+  // Out: `UMP_POOL_STAT_VERSION`.
+  uint32_t version;
+  // The device whose side it serves; -1 for the host side (NumPy, the malloc family).
+  int32_t device;
+  // The host side's fallback pool (plain host memory where its own kind was not available).
+  bool fallback;
+  // Its stream's handle was retired (`ump_stream_retire`).
+  bool retired;
+  // The stream it serves (`cudaStream_t`; NULL: the legacy default stream and host pools).
+  void *stream;
+  // Bytes of the chunks it holds, mapped from the OS or the driver.
+  uint64_t mapped;
+  // Free bytes ready for reuse.
+  uint64_t cached;
+  // The largest free block: the largest request served without mapping more.
+  uint64_t largest_free;
+};
+
 // What a scope saw, filled by `ump_scope_end_ex`. Versioned like `ump_stats`.
 struct ump_scope_report {
   // In: bytes the caller provides (0: the current size). Out: bytes written.
@@ -280,14 +309,39 @@ extern "C" {
 
 // Allocate `size` bytes for CuPy on device `device_id`, from the memory the mode selects
 // (managed, registered, system or device), for use on the stream whose handle is `param`
-// (`cudaStream_t`; NULL: the legacy default stream). Returns NULL with a message in
-// `ump_last_error()` on failure, never aborts.
+// (`cudaStream_t`; NULL: the legacy default stream; `UMP_CUPY_CURRENT_STREAM`: CuPy's current
+// stream, with the GIL held). Returns NULL with a message in `ump_last_error()` on failure,
+// never aborts.
 void *ump_cupy_malloc(void *param, size_t size, int device_id);
 
-// Free a block from `ump_cupy_malloc`; `param` is the stream it was last used on (the
-// allocator's `param`, as CuPy passes it). NULL is a no-op; a foreign pointer or a double
-// free is ignored and counted.
+// Free a block from `ump_cupy_malloc`; `param` is the allocator's `param`, as CuPy passes it:
+// a stream handle (the stream the block was last used on) or `UMP_CUPY_CURRENT_STREAM` (the
+// block goes back to the pool of the stream it was made for). NULL is a no-op; a foreign
+// pointer or a double free is ignored and counted.
 void ump_cupy_free(void *param, void *ptr, int device_id);
+
+// Hand over what the CuPy fast path calls: `call_obj_args`, `decref` and `tuple_get_item`
+// are CPython's `PyObject_CallFunctionObjArgs`, `Py_DecRef` and `PyTuple_GetItem`;
+// `current_stream` is CuPy's `get_current_stream_ptr` C function (from
+// `cupy.cuda.stream.__pyx_capi__`). Called once by `ump_alloc`; later calls must pass the same
+// functions. Returns `UMP_OK`, or `UMP_ERR_INVALID` for a NULL or a different function.
+//
+// # Safety
+// Each address is that function, in this process.
+int ump_cupy_fast_path_init(const void *call_obj_args,
+                            const void *decref,
+                            const void *tuple_get_item,
+                            const void *current_stream);
+
+// CuPy's allocator, as a Python builtin with one argument (`METH_O`): `self_` is the tuple
+// `(malloc, raise_oom)`, where `malloc` is the bound `CFunctionAllocator.malloc` of an
+// allocator whose `param` is `UMP_CUPY_CURRENT_STREAM` and `raise_oom(size)` raises CuPy's
+// `OutOfMemoryError`. Returns `malloc(size)`'s `MemoryPointer`, or NULL with a Python
+// exception set. Python makes the callable with `PyCFunction_NewEx`; it is not for C callers.
+//
+// # Safety
+// Called by CPython with the GIL held, after `ump_cupy_fast_path_init`.
+void *ump_cupy_allocator(void *self_, void *size);
 
 // Allocate `size` bytes aligned to the configured alignment (512 by default). `size == 0`
 // returns a unique pointer that must be freed. Returns NULL (errno ENOMEM, message in
@@ -410,6 +464,15 @@ int ump_stats(struct ump_stats *out);
 // Reset every peak in `ump_stats` to the current value (PyTorch's
 // `reset_peak_memory_stats`). Returns `UMP_OK`.
 int ump_reset_peak(void);
+
+// Fill `*out` with pool number `index` (0, 1, ...: the host side's pools, then each device's,
+// one per stream). Returns `UMP_OK`; `UMP_ERR_INVALID` past the last pool (and before the first
+// allocation); `UMP_ERR_NULL` for a NULL `out`. `out->size` says how many bytes the caller's
+// struct has (older, smaller structs get the fields they know).
+//
+// # Safety
+// `out` is NULL or points to at least `out->size` writable bytes (the whole struct when 0).
+int ump_pool_stat(size_t index, struct ump_pool_stat *out);
 
 // Memory of `device` for the device side: `*free` is what the driver reports free plus what
 // ump-alloc caches on the device (ready for reuse), `*total` the device's memory (Numba's

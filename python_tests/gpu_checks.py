@@ -934,3 +934,43 @@ def numba_emm():
     ctx.memory_manager.deallocations.clear()
     assert ump_alloc.stats()["devices"][0]["in_use"] <= mid - (64 << 20), "never freed"
     print(f"numba {numba.__version__}: EMM plugin ok, memory info {free >> 20}/{total >> 20} MiB")
+
+
+def cupy_fast_path():
+    """CuPy allocates through the C-implemented allocator (no Python per allocation): blocks
+    come from ump-alloc, kernels see right data, a block freed on one stream is reused on that
+    stream, and an OOM still raises CuPy's OutOfMemoryError (run with UMP_ALLOC_LIMIT=256M)."""
+    import cupy as cp
+
+    import ump_alloc
+    from ump_alloc import _cupy
+
+    ump_alloc.enable(torch=False)
+    assert _cupy.fast_path(), "the C fast path is not in use"
+    a = cp.cuda.get_allocator()
+    assert type(a).__name__ == "builtin_function_or_method" and a.__name__ == "ump_cupy_allocator", a
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    h = rng.integers(0, 2**31, 1 << 20, dtype=np.int64)
+    x = cp.full(h.shape, -1, dtype=cp.int64)  # poisoned
+    x[...] = cp.asarray(h) * 3 + 1
+    assert np.array_equal(cp.asnumpy(x), h * 3 + 1)
+    assert ump_alloc.identify(x).ours
+    s1 = cp.cuda.Stream(non_blocking=True)
+    with s1:
+        y = cp.empty(1 << 20, dtype=cp.uint8)
+        yp = y.data.ptr
+        del y
+        z = cp.empty(1 << 20, dtype=cp.uint8)
+        assert z.data.ptr == yp, "same stream: a freed block is reused at once"
+        del z
+    w = cp.empty(1 << 20, dtype=cp.uint8)  # the default stream: not s1's partly used arena
+    assert w.data.ptr != yp
+    try:
+        cp.empty(1 << 30, dtype=cp.uint8)
+    except cp.cuda.memory.OutOfMemoryError as e:
+        assert "UMP_ALLOC_LIMIT" in str(e), str(e)
+    else:
+        raise AssertionError("no OutOfMemoryError over the limit")
+    del s1
+    st = ump_alloc.stats()
+    print(f"fast path ok; streams {st['streams']}")

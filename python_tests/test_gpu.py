@@ -210,3 +210,8 @@ def test_dataloader_fork_workers():
 def test_numba_emm_plugin(mode):
     pytest.importorskip("numba.cuda")
     check("numba_emm", mode, {"NUMBA_CUDA_MEMORY_MANAGER": "ump_alloc.numba"})
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_cupy_fast_path(mode):
+    check("cupy_fast_path", mode, {"UMP_ALLOC_LIMIT": "256M"})

@@ -362,6 +362,20 @@ pub fn collect_stats() -> ump_stats {
     s
 }
 
+/// A snapshot of every pool: the host side's (device -1; the primary, then the fallback) and
+/// each device's, one per stream.
+pub fn pool_reports() -> Vec<(i32, crate::pool::PoolReport)> {
+    let Some(a) = get() else {
+        return Vec::new();
+    };
+    let host = a.host.pools().map(|p| (-1, p.report()));
+    let devices = a
+        .device_groups()
+        .into_iter()
+        .flat_map(|g| g.reports().into_iter().map(move |r| (g.device(), r)));
+    host.chain(devices).collect()
+}
+
 /// Reset every peak to the current value.
 pub fn reset_peaks() {
     let Some(a) = get() else {
@@ -498,9 +512,10 @@ pub fn device_malloc(n: usize, device: i32, stream: usize) -> Result<usize> {
 }
 
 /// Free a block made by [`device_malloc`] (any live block of ours is accepted), last used on
-/// `stream`. A block goes back to the pool of the stream it was allocated on; when `stream`
-/// is another one, that pool's stream is first ordered after `stream`'s work.
-pub fn device_free(ptr: usize, _device: i32, stream: usize) -> Result<()> {
+/// `stream` (None: the stream it was allocated for). A block goes back to the pool of the
+/// stream it was allocated on; when `stream` is another one, that pool's stream is first
+/// ordered after `stream`'s work.
+pub fn device_free(ptr: usize, _device: i32, stream: Option<usize>) -> Result<()> {
     if ptr == 0 {
         return Ok(());
     }
@@ -509,7 +524,9 @@ pub fn device_free(ptr: usize, _device: i32, stream: usize) -> Result<()> {
         && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
     {
         refuse_deferred(ptr)?;
-        g.fence_free(info.pool, stream);
+        if let Some(stream) = stream {
+            g.fence_free(info.pool, stream);
+        }
         if ptr == info.base && g.defer_free(ptr) {
             crate::scope::on_free(ptr);
             return Ok(());

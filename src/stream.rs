@@ -420,6 +420,11 @@ impl StreamPools {
         self.iter().map(|p| p.cached_bytes()).sum::<usize>() + orphans
     }
 
+    /// A snapshot of every pool of the device (one per stream), newest first.
+    pub fn reports(&self) -> Vec<crate::pool::PoolReport> {
+        self.iter().map(|p| p.report()).collect()
+    }
+
     /// Fork: the lock that makes and recycles pools (taken before any pool's locks).
     pub(crate) fn fork_lock_create(&'static self, held: &mut crate::fork::Held) {
         held.push(lock(&self.create));

@@ -22,6 +22,7 @@ import warnings
 
 from . import _hooks, _lib
 from ._lib import UmpError, last_error, library_path
+from ._summary import memory_summary, pool_stats
 from ._zerocopy import ZeroCopyBuffer, asarray, asnumpy, is_zero_copy
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "trim",
     "version",
     "stats",
+    "memory_summary",
+    "pool_stats",
     "reset_peak",
     "scope",
     "ScopeReport",

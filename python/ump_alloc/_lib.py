@@ -136,6 +136,20 @@ class Usage(Structure):
         return {name: int(getattr(self, name)) for name in USAGE_FIELDS}
 
 
+class PoolStat(Structure):
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("device", c_int),
+        ("fallback", c_bool),
+        ("retired", c_bool),
+        ("stream", c_void_p),
+        ("mapped", c_uint64),
+        ("cached", c_uint64),
+        ("largest_free", c_uint64),
+    ]
+
+
 class Stats(Structure):
     _fields_ = [
         ("size", c_uint32),
@@ -190,6 +204,8 @@ SIGNATURES = {
     "ump_free": (None, [c_void_p, c_size_t]),
     "ump_cupy_malloc": (c_void_p, [c_void_p, c_size_t, c_int]),
     "ump_cupy_free": (None, [c_void_p, c_void_p, c_int]),
+    "ump_cupy_fast_path_init": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),
+    "ump_pool_stat": (c_int, [c_size_t, c_void_p]),
     "ump_torch_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
     "ump_torch_record_stream": (c_int, [c_void_p, c_void_p]),
     "ump_torch_empty_cache": (c_size_t, []),

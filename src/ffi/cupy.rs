@@ -1,51 +1,156 @@
 //! CuPy's contract, through `cupy.cuda.CFunctionAllocator(param, malloc, free, owner)`.
 //!
-//! CuPy does not check for NULL: the Python layer (`ump_alloc._cupy`) wraps these calls and
-//! raises `cupy.cuda.memory.OutOfMemoryError` itself when NULL comes back.
+//! CuPy does not check for NULL, and its free passes no stream. Two ways to use these calls:
 //!
-//! CuPy's free passes no stream, so ump-alloc reads the stream from `param`: the Python layer
-//! makes one CFunctionAllocator per stream, with the stream's handle (`Stream.ptr`) as `param`,
-//! and uses the one of CuPy's current stream, as CuPy's own pool keys its arenas. A block is
-//! then reused at once on its stream and, on another one, only behind an event (see
-//! `crate::stream`). A `param` of 0 is the legacy default stream.
+//! - **The fast path** (what `ump_alloc` installs): `param` is `UMP_CUPY_CURRENT_STREAM`. The
+//!   block is made for CuPy's current stream, read from CuPy's own C function
+//!   (`cupy.cuda.stream.get_current_stream_ptr`), and freed into the pool of that stream, as
+//!   CuPy's own pool does. `ump_cupy_allocator` is a Python callable implemented here (CuPy's
+//!   allocator is a Python callable): it calls the `CFunctionAllocator`'s `malloc` and, when
+//!   that failed, raises `cupy.cuda.memory.OutOfMemoryError` through a Python function, so no
+//!   Python code runs on a successful allocation. `ump_cupy_fast_path_init` hands over the few
+//!   Python/CuPy C functions this needs (see `crate::prim::python`).
+//! - **One allocator per stream** (C callers, or CuPy without the C function): `param` is the
+//!   stream's handle (`Stream.ptr`; 0: the legacy default stream), and CuPy's free hands it back.
+//!
+//! A block is reused at once on its stream and, on another one, only behind an event (see
+//! `crate::stream`).
 
-use super::guard;
+use super::{guard, status};
 use crate::allocator;
-use crate::error;
+use crate::error::{self, Error};
+use crate::prim::python;
+use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
+/// The `param` of a CuPy `CFunctionAllocator` whose blocks are made for CuPy's current stream
+/// and freed into that stream's pool (needs `ump_cupy_fast_path_init`). `(void *)-2`.
+pub const UMP_CUPY_CURRENT_STREAM: isize = -2;
+
+thread_local! {
+    /// Set when `ump_cupy_malloc` failed on the fast path, for `ump_cupy_allocator` to raise.
+    static FAILED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn is_current_stream(param: *mut c_void) -> bool {
+    param as isize == UMP_CUPY_CURRENT_STREAM
+}
+
 /// Allocate `size` bytes for CuPy on device `device_id`, from the memory the mode selects
 /// (managed, registered, system or device), for use on the stream whose handle is `param`
-/// (`cudaStream_t`; NULL: the legacy default stream). Returns NULL with a message in
-/// `ump_last_error()` on failure, never aborts.
+/// (`cudaStream_t`; NULL: the legacy default stream; `UMP_CUPY_CURRENT_STREAM`: CuPy's current
+/// stream, with the GIL held). Returns NULL with a message in `ump_last_error()` on failure,
+/// never aborts.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_cupy_malloc(
     param: *mut c_void,
     size: usize,
     device_id: c_int,
 ) -> *mut c_void {
-    guard(
-        "ump_cupy_malloc",
-        null_mut(),
-        || match allocator::device_malloc(size, device_id, param as usize) {
+    guard("ump_cupy_malloc", null_mut(), || {
+        let stream = if is_current_stream(param) {
+            match python::api() {
+                // SAFETY: CuPy calls its allocator with the GIL held.
+                Some(api) => unsafe { api.cupy_current_stream() },
+                None => {
+                    FAILED.set(true);
+                    error::report(&Error::invalid(
+                        "ump_cupy_malloc: UMP_CUPY_CURRENT_STREAM needs ump_cupy_fast_path_init",
+                    ));
+                    return null_mut();
+                }
+            }
+        } else {
+            param as usize
+        };
+        match allocator::device_malloc(size, device_id, stream) {
             Ok(p) => p as *mut c_void,
             Err(e) => {
+                FAILED.set(true);
                 error::report(&e.context("ump_cupy_malloc"));
                 null_mut()
             }
-        },
-    )
+        }
+    })
 }
 
-/// Free a block from `ump_cupy_malloc`; `param` is the stream it was last used on (the
-/// allocator's `param`, as CuPy passes it). NULL is a no-op; a foreign pointer or a double
-/// free is ignored and counted.
+/// Free a block from `ump_cupy_malloc`; `param` is the allocator's `param`, as CuPy passes it:
+/// a stream handle (the stream the block was last used on) or `UMP_CUPY_CURRENT_STREAM` (the
+/// block goes back to the pool of the stream it was made for). NULL is a no-op; a foreign
+/// pointer or a double free is ignored and counted.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_cupy_free(param: *mut c_void, ptr: *mut c_void, device_id: c_int) {
     guard("ump_cupy_free", (), || {
-        if let Err(e) = allocator::device_free(ptr as usize, device_id, param as usize) {
+        let stream = (!is_current_stream(param)).then_some(param as usize);
+        if let Err(e) = allocator::device_free(ptr as usize, device_id, stream) {
             error::report(&e.context("ump_cupy_free"));
         }
     })
+}
+
+/// Hand over what the CuPy fast path calls: `call_obj_args`, `decref` and `tuple_get_item`
+/// are CPython's `PyObject_CallFunctionObjArgs`, `Py_DecRef` and `PyTuple_GetItem`;
+/// `current_stream` is CuPy's `get_current_stream_ptr` C function (from
+/// `cupy.cuda.stream.__pyx_capi__`). Called once by `ump_alloc`; later calls must pass the same
+/// functions. Returns `UMP_OK`, or `UMP_ERR_INVALID` for a NULL or a different function.
+///
+/// # Safety
+/// Each address is that function, in this process.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_cupy_fast_path_init(
+    call_obj_args: *const c_void,
+    decref: *const c_void,
+    tuple_get_item: *const c_void,
+    current_stream: *const c_void,
+) -> c_int {
+    status("ump_cupy_fast_path_init", || {
+        // SAFETY: per this function's contract.
+        let ok = unsafe {
+            python::init(
+                call_obj_args as usize,
+                decref as usize,
+                tuple_get_item as usize,
+                current_stream as usize,
+            )
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "ump_cupy_fast_path_init: a NULL function, or other functions than before",
+            ))
+        }
+    })
+}
+
+/// CuPy's allocator, as a Python builtin with one argument (`METH_O`): `self_` is the tuple
+/// `(malloc, raise_oom)`, where `malloc` is the bound `CFunctionAllocator.malloc` of an
+/// allocator whose `param` is `UMP_CUPY_CURRENT_STREAM` and `raise_oom(size)` raises CuPy's
+/// `OutOfMemoryError`. Returns `malloc(size)`'s `MemoryPointer`, or NULL with a Python
+/// exception set. Python makes the callable with `PyCFunction_NewEx`; it is not for C callers.
+///
+/// # Safety
+/// Called by CPython with the GIL held, after `ump_cupy_fast_path_init`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_cupy_allocator(self_: *mut c_void, size: *mut c_void) -> *mut c_void {
+    let Some(api) = python::api() else {
+        return null_mut(); // never installed without the API; CPython reports a SystemError
+    };
+    // SAFETY: under the GIL (CPython called us); `self_` is the tuple the callable was made
+    // with, kept alive by the callable; `size` is a live argument.
+    unsafe {
+        let malloc = api.tuple_item(self_, 0);
+        let raise_oom = api.tuple_item(self_, 1);
+        if malloc.is_null() || raise_oom.is_null() {
+            return null_mut();
+        }
+        FAILED.set(false);
+        let mem = api.call1(malloc, size);
+        if mem.is_null() || !FAILED.get() {
+            return mem;
+        }
+        api.decref(mem);
+        api.call1(raise_oom, size)
+    }
 }

@@ -504,6 +504,71 @@ pub extern "C" fn ump_reset_peak() -> c_int {
     })
 }
 
+/// One pool of ump-alloc, as `ump_pool_stat` reports it. Versioned like `ump_stats`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(non_camel_case_types)]
+pub struct ump_pool_stat {
+    /// In: bytes the caller provides (0: the current size). Out: bytes written.
+    pub size: u32,
+    /// Out: `UMP_POOL_STAT_VERSION`.
+    pub version: u32,
+    /// The device whose side it serves; -1 for the host side (NumPy, the malloc family).
+    pub device: i32,
+    /// The host side's fallback pool (plain host memory where its own kind was not available).
+    pub fallback: bool,
+    /// Its stream's handle was retired (`ump_stream_retire`).
+    pub retired: bool,
+    /// The stream it serves (`cudaStream_t`; NULL: the legacy default stream and host pools).
+    pub stream: *mut c_void,
+    /// Bytes of the chunks it holds, mapped from the OS or the driver.
+    pub mapped: u64,
+    /// Free bytes ready for reuse.
+    pub cached: u64,
+    /// The largest free block: the largest request served without mapping more.
+    pub largest_free: u64,
+}
+
+/// Current version of `struct ump_pool_stat`.
+pub const UMP_POOL_STAT_VERSION: u32 = 1;
+
+/// Fill `*out` with pool number `index` (0, 1, ...: the host side's pools, then each device's,
+/// one per stream). Returns `UMP_OK`; `UMP_ERR_INVALID` past the last pool (and before the first
+/// allocation); `UMP_ERR_NULL` for a NULL `out`. `out->size` says how many bytes the caller's
+/// struct has (older, smaller structs get the fields they know).
+///
+/// # Safety
+/// `out` is NULL or points to at least `out->size` writable bytes (the whole struct when 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_pool_stat(index: usize, out: *mut ump_pool_stat) -> c_int {
+    status("ump_pool_stat", || {
+        if out.is_null() {
+            return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
+        }
+        let reports = allocator::pool_reports();
+        let Some(&(device, r)) = reports.get(index) else {
+            return Err(Error::invalid(format!(
+                "no pool {index} ({} pools)",
+                reports.len()
+            )));
+        };
+        let host_pools = reports.iter().filter(|x| x.0 < 0).count();
+        let full = ump_pool_stat {
+            size: size_of::<ump_pool_stat>() as u32,
+            version: UMP_POOL_STAT_VERSION,
+            device,
+            fallback: device < 0 && index == 1 && host_pools == 2,
+            retired: r.retired,
+            stream: r.stream as *mut c_void,
+            mapped: r.mapped as u64,
+            cached: r.cached as u64,
+            largest_free: r.largest_free as u64,
+        };
+        // SAFETY: non-NULL; the caller provides `size` bytes (the whole struct when 0).
+        unsafe { write_versioned(out, full) }
+    })
+}
+
 /// Memory of `device` for the device side: `*free` is what the driver reports free plus what
 /// ump-alloc caches on the device (ready for reuse), `*total` the device's memory (Numba's
 /// `get_memory_info`, `cudaMemGetInfo` as seen through ump-alloc). Returns `UMP_OK`;

@@ -67,7 +67,7 @@ pub extern "C" fn ump_torch_free(
 ) {
     let _ = size;
     guard("ump_torch_free", (), || {
-        if let Err(e) = allocator::device_free(ptr as usize, device, stream as usize) {
+        if let Err(e) = allocator::device_free(ptr as usize, device, Some(stream as usize)) {
             error::report(&e.context("ump_torch_free"));
         }
     })

@@ -99,6 +99,21 @@ pub struct BlockInfo {
     pub capacity: usize,
 }
 
+/// A snapshot of one pool (one stream of a device, or the host side).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolReport {
+    /// The stream it serves (0: the legacy default stream; host pools: 0).
+    pub stream: usize,
+    /// Whether its stream was retired.
+    pub retired: bool,
+    /// Bytes of the chunks it holds (mapped from the backing).
+    pub mapped: usize,
+    /// Free bytes ready for reuse (spans, slots of partly used slabs, kept slabs).
+    pub cached: usize,
+    /// The largest free span: the largest block that fits without mapping more.
+    pub largest_free: usize,
+}
+
 /// The result of an allocation.
 #[derive(Clone, Copy, Debug)]
 pub struct Alloc {
@@ -464,6 +479,21 @@ impl Pool {
     }
 
     /// Bytes of free memory held in chunks, slabs and thread caches (mapped, not handed out).
+    /// What this pool holds now (read under its locks, one at a time: a snapshot per field).
+    pub fn report(&'static self) -> PoolReport {
+        let (mapped, largest_free) = {
+            let lg = lock(&self.large);
+            (lg.chunk_bytes(), lg.largest_free())
+        };
+        PoolReport {
+            stream: self.stream(),
+            retired: self.is_retired(),
+            mapped,
+            cached: self.cached_bytes(),
+            largest_free,
+        }
+    }
+
     pub fn cached_bytes(&'static self) -> usize {
         let spans = lock(&self.large).free_bytes();
         let slots: usize = self

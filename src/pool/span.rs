@@ -112,6 +112,19 @@ pub(crate) struct Large {
 }
 
 impl Large {
+    /// Bytes of the chunks this pool holds.
+    pub(super) fn chunk_bytes(&self) -> usize {
+        self.chunks.values().map(|c| c.size).sum()
+    }
+
+    /// The largest free span or exact-size-list span: the largest block that fits without
+    /// mapping more.
+    pub(super) fn largest_free(&self) -> usize {
+        let spans = self.free.keys().next_back().map_or(0, |k| k.0);
+        let quick = self.quick.iter().map(|sp| sp.len()).max().unwrap_or(0);
+        spans.max(quick)
+    }
+
     /// Free bytes in spans and the exact-size list.
     pub(super) fn free_bytes(&self) -> usize {
         self.free_bytes + self.quick_bytes

@@ -448,3 +448,29 @@ fn threads_churn() {
     }
     assert_eq!(p.stats.in_use(), 0);
 }
+
+#[test]
+fn report_shows_what_is_mapped_cached_and_the_largest_free_block() {
+    let p = pool_with(512, None, usize::MAX);
+    let mb = 1 << 20;
+    let a = p.alloc(8 * mb).unwrap().ptr;
+    let b = p.alloc(8 * mb).unwrap().ptr;
+    let c = p.alloc(8 * mb).unwrap().ptr;
+    let r = p.report();
+    assert_eq!(r.mapped, super::ARENA);
+    assert_eq!(r.cached, super::ARENA - 24 * mb);
+    assert_eq!(r.largest_free, super::ARENA - 24 * mb, "the arena's tail");
+    assert_eq!((r.stream, r.retired), (0, false));
+    p.free(b).unwrap();
+    p.free(c).unwrap();
+    let r = p.report();
+    assert_eq!(r.cached, super::ARENA - 8 * mb, "b and c are free");
+    assert!(
+        r.largest_free >= super::ARENA - 24 * mb && r.largest_free <= r.cached,
+        "{r:?}"
+    );
+    p.free(a).unwrap();
+    assert_eq!(p.report().cached, super::ARENA);
+    p.trim();
+    assert_eq!(p.report(), crate::pool::PoolReport::default());
+}

@@ -1,7 +1,8 @@
-//! Primitives: every call into the operating system (`os`), the CUDA driver (`cuda`) and
-//! PyTorch's C++ library (`torch`) lives here, the way mimalloc keeps its OS layer in
-//! `src/prim/`. The rest of the crate is policy.
+//! Primitives: every call into the operating system (`os`), the CUDA driver (`cuda`), the
+//! Python and CuPy C APIs (`python`) and PyTorch's C++ library (`torch`) lives here, the way
+//! mimalloc keeps its OS layer in `src/prim/`. The rest of the crate is policy.
 
 pub mod cuda;
 pub mod os;
+pub mod python;
 pub mod torch;

@@ -1078,6 +1078,32 @@ static void test_gpu_entry_points(void) {
     p = ump_torch_malloc(100 * MiB, -1, (void *)&e0);
     CHECK(p == NULL, "ump_torch_malloc(100 MiB, device -1) returned %p", p);
 
+    /* The CuPy fast path's param without its Python set-up: a defined error, no call into
+     * Python; and the set-up itself refuses NULL functions. The torch hook entry points
+     * refuse what is not a live block. */
+    ump_clear_error();
+    e0 = ump_error_count();
+    p = ump_cupy_malloc((void *)(intptr_t)UMP_CUPY_CURRENT_STREAM, 1024, 0);
+    CHECK(p == NULL && last_err_contains("ump_cupy_fast_path_init"),
+          "ump_cupy_malloc(UMP_CUPY_CURRENT_STREAM) before set-up: %p, %s", p, last_err_or("NULL"));
+    CHECK(ump_error_count() == e0 + 1, "fast-path param before set-up: error count +%" PRIu64,
+          ump_error_count() - e0);
+    ump_cupy_free((void *)(intptr_t)UMP_CUPY_CURRENT_STREAM, NULL, 0);
+    CHECK(ump_cupy_fast_path_init(NULL, NULL, NULL, NULL) == UMP_ERR_INVALID,
+          "ump_cupy_fast_path_init(NULL...) must be refused");
+    CHECK(ump_torch_record_stream(NULL, NULL) == UMP_ERR_INVALID, "record_stream(NULL)");
+    CHECK(ump_torch_record_stream(&e0, NULL) != UMP_OK, "record_stream(foreign)");
+    CHECK(ump_torch_set_memory_fraction(1.5, 0) == UMP_ERR_INVALID, "fraction 1.5");
+    CHECK(ump_torch_set_memory_fraction(0.0 / 0.0, 0) == UMP_ERR_INVALID, "fraction NaN");
+    CHECK(ump_torch_empty_cache() == 0, "empty_cache without a GPU gives back nothing");
+    CHECK(ump_torch_attach(NULL, NULL) == UMP_ERR_NULL, "attach(NULL)");
+    {
+        size_t fr = 7, tot = 9;
+        CHECK(ump_device_memory_info(0, &fr, &tot) != UMP_OK && fr == 7 && tot == 9,
+              "ump_device_memory_info without a GPU must fail and leave outputs alone");
+        CHECK(ump_device_memory_info(0, NULL, &tot) == UMP_ERR_NULL, "memory info NULL output");
+    }
+
     /* NULL frees are no-ops. */
     e0 = ump_error_count();
     ump_cupy_free(NULL, NULL, 0);

@@ -1,0 +1,110 @@
+"""``ump_alloc.memory_summary()``: a readable table of what ump-alloc holds, like
+``torch.cuda.memory_summary()``."""
+
+from __future__ import annotations
+
+import ctypes
+
+from . import _lib
+
+
+def pool_stats() -> list[dict]:
+    """One dict per pool: the host side's pools (``device`` -1; ``fallback`` marks the plain
+    host memory used when the host side's own kind was not available), then each device's, one
+    per stream (``stream``: the handle, 0 for the legacy default stream; ``retired``). Each has
+    ``mapped`` (bytes of chunks it holds), ``cached`` (free bytes ready for reuse) and
+    ``largest_free`` (the largest request it serves without mapping more)."""
+    L = _lib.lib()
+    out = []
+    i = 0
+    while True:
+        s = _lib.PoolStat()
+        s.size = ctypes.sizeof(_lib.PoolStat)
+        if L.ump_pool_stat(i, ctypes.byref(s)) != _lib.OK:
+            break
+        out.append(
+            {
+                "device": int(s.device),
+                "fallback": bool(s.fallback),
+                "retired": bool(s.retired),
+                "stream": int(s.stream or 0),
+                "mapped": int(s.mapped),
+                "cached": int(s.cached),
+                "largest_free": int(s.largest_free),
+            }
+        )
+        i += 1
+    L.ump_clear_error()  # the index past the end is reported as an error
+    return out
+
+
+def _size(n) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def _count(n) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+COLUMNS = ("in use", "cached", "mapped", "peak", "largest free", "hits", "misses")
+
+
+def memory_summary() -> str:
+    """A table of ump-alloc's memory: per side (the host side for NumPy, with its fallback and
+    pinned bytes; the device side for CuPy/PyTorch/Numba), per device and per stream: bytes in
+    use, cached (free, ready for reuse), mapped (taken from the OS or the driver), the peak in
+    use, the largest free block, cache hits and misses. Per stream, "in use" is what its chunks
+    hold minus what is free in them (block sizes as rounded by the pool)."""
+    from . import mode, stats
+
+    st = stats()
+    pools = pool_stats()
+    rows: list[tuple[str, tuple]] = []
+
+    def usage_row(label, u, largest):
+        rows.append((label, (_size(u["in_use"]), _size(u["cached"]), _size(u["mapped"]), _size(u["in_use_peak"]),
+                             _size(largest), _count(u["hits"]), _count(u["misses"]))))
+
+    host_pools = [p for p in pools if p["device"] < 0]
+    largest_host = max((p["largest_free"] for p in host_pools), default=0)
+    usage_row(f"host side (NumPy): {st['host_kind']}", st["host"], largest_host)
+    fb = [p for p in host_pools if p["fallback"]]
+    if fb or st["host_fallback"]["allocs"]:
+        f = fb[0] if fb else {"mapped": 0, "cached": 0, "largest_free": 0}
+        rows.append(("  fallback (plain host memory)", ("-", _size(f["cached"]), _size(f["mapped"]), "-",
+                                                       _size(f["largest_free"]), _count(st["host_fallback"]["allocs"]), "-")))
+    if st["host_kind"] == "registered":
+        rows.append((f"  pinned: {_size(st['pinned']['bytes'])} of cap {_size(st['pinned']['cap'])}", None))
+    if not st["devices"]:
+        rows.append(("device side: nothing allocated (no GPU, host mode, or no GPU library used)", None))
+    for dev, u in sorted(st["devices"].items()):
+        mine = [p for p in pools if p["device"] == dev]
+        usage_row(f"device {dev} ({st['device_kind']})", u, max((p["largest_free"] for p in mine), default=0))
+        for p in sorted(mine, key=lambda p: p["stream"]):
+            name = "legacy default" if p["stream"] == 0 else f"{p['stream']:#x}"
+            if p["retired"]:
+                name += " (retired)"
+            rows.append((f"  stream {name}", (_size(p["mapped"] - p["cached"]), _size(p["cached"]), _size(p["mapped"]),
+                                              "-", _size(p["largest_free"]), "-", "-")))
+    w = max([len(r[0]) for r in rows if r[1] is not None] + [30])
+    cw = 11
+    line = "=" * (w + 3 + (cw + 3) * len(COLUMNS))
+    out = [line, f"ump-alloc memory summary: mode {mode()}, {st['streams']} stream pools, "
+                 f"{st['stream_waits']} cross-stream waits, {st['stream_syncs']} syncs, {st['errors']['total']} errors",
+           "-" * len(line),
+           f"{'':<{w}} | " + " | ".join(f"{c:>{cw}}" for c in COLUMNS),
+           "-" * len(line)]
+    for label, cells in rows:
+        if cells is None:
+            out.append(label)
+        else:
+            out.append(f"{label:<{w}} | " + " | ".join(f"{c:>{cw}}" for c in cells))
+    out.append(line)
+    return "\n".join(out)
