@@ -78,6 +78,21 @@ pub const VARS: &[Var] = &[
         help: c"managed mode: device memory to keep free; chunks for GPU libraries beyond (free - headroom) prefer host memory",
     },
     Var {
+        name: c"UMP_ALLOC_TORCH_FAST_CPU",
+        default: c"1",
+        help: c"1: PyTorch's .cpu()/.to(\"cpu\")/.numpy(force=True) of CUDA tensors copy into ump-alloc's host side (pinned: PCIe speed); 0: PyTorch's own CPU memory",
+    },
+    Var {
+        name: c"UMP_ALLOC_TORCH_UNIFIED",
+        default: c"0",
+        help: c"1: PyTorch's .to(device) of a tensor on memory both sides reach returns a tensor on the same memory, no copy (RFC-0023; copy=True copies)",
+    },
+    Var {
+        name: c"UMP_ALLOC_CUPY_ZERO_COPY",
+        default: c"0",
+        help: c"1: cupy.asnumpy/ndarray.get return a view of ump-alloc memory the host reads, cupy.asarray wraps ump-alloc NumPy memory the GPU reaches (CUPY_ENABLE_UMP's behaviour)",
+    },
+    Var {
         name: c"UMP_ALLOC_PREFETCH_MIN",
         default: c"64K",
         help: c"managed ranges from this size are prefetched to the host by ump_host_access",
@@ -125,6 +140,10 @@ pub struct Config {
     pub prefetch_min: usize,
     /// Device bytes to keep free (0: off).
     pub headroom: usize,
+    /// Switches of the Python integrations (read by `ump_alloc`, validated here).
+    pub torch_fast_cpu: bool,
+    pub torch_unified: bool,
+    pub cupy_zero_copy: bool,
 }
 
 impl Default for Config {
@@ -139,6 +158,9 @@ impl Default for Config {
             host_retain: DEFAULT_HOST_RETAIN,
             prefetch_min: DEFAULT_PREFETCH_MIN,
             headroom: 0,
+            torch_fast_cpu: true,
+            torch_unified: false,
+            cupy_zero_copy: false,
         }
     }
 }
@@ -197,6 +219,16 @@ impl Config {
         if let Some(v) = get("UMP_ALLOC_HEADROOM") {
             c.headroom = parse_bytes(&v)
                 .map_err(|e| Error::config(format!("UMP_ALLOC_HEADROOM={v:?}: {e}")))?;
+        }
+        for (name, slot) in [
+            ("UMP_ALLOC_TORCH_FAST_CPU", &mut c.torch_fast_cpu),
+            ("UMP_ALLOC_TORCH_UNIFIED", &mut c.torch_unified),
+            ("UMP_ALLOC_CUPY_ZERO_COPY", &mut c.cupy_zero_copy),
+        ] {
+            if let Some(v) = get(name) {
+                *slot =
+                    parse_switch(&v).map_err(|e| Error::config(format!("{name}={v:?}: {e}")))?;
+            }
         }
         if let Some(v) = get("UMP_ALLOC_PREFETCH_MIN") {
             c.prefetch_min = parse_bytes(&v)
@@ -278,6 +310,15 @@ pub fn parse_bytes(v: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| "byte count overflows".to_string())
 }
 
+/// A switch: exactly "0" or "1" (surrounding blanks ignored).
+fn parse_switch(v: &str) -> std::result::Result<bool, String> {
+    match v.trim() {
+        "1" => Ok(true),
+        "0" => Ok(false),
+        _ => Err("expected 0 or 1".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,6 +330,24 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn switches_are_strict() {
+        let c = cfg(&[
+            ("UMP_ALLOC_TORCH_UNIFIED", "1"),
+            ("UMP_ALLOC_TORCH_FAST_CPU", " 0"),
+        ])
+        .unwrap();
+        assert!(c.torch_unified && !c.torch_fast_cpu && !c.cupy_zero_copy);
+        for bad in ["true", "2", "yes", "01"] {
+            let e = cfg(&[("UMP_ALLOC_CUPY_ZERO_COPY", bad)]).unwrap_err();
+            assert!(
+                e.msg.contains("UMP_ALLOC_CUPY_ZERO_COPY") && e.msg.contains("0 or 1"),
+                "{}",
+                e.msg
+            );
+        }
     }
 
     #[test]
