@@ -121,17 +121,17 @@ def _gpu_mode() -> bool:
     return mode() not in ("host", "unset")
 
 
-def _install_cupy(required: bool) -> None:
+def _install_cupy(required: bool, zero_copy: bool | None = None) -> None:
     from . import _cupy
 
     if not _gpu_mode():
         if required:
             raise UmpError(f"CuPy needs a GPU mode; ump-alloc runs in mode '{mode()}'", _lib.ERR_UNSUPPORTED)
         return
-    _cupy.install()
+    _cupy.install(zero_copy=zero_copy)
 
 
-def _install_torch(required: bool) -> None:
+def _install_torch(required: bool, fast_cpu: bool | None = None, unified: bool | None = None) -> None:
     from . import _torch
 
     if not _gpu_mode():
@@ -139,7 +139,7 @@ def _install_torch(required: bool) -> None:
             raise UmpError(f"PyTorch needs a GPU mode; ump-alloc runs in mode '{mode()}'", _lib.ERR_UNSUPPORTED)
         return
     try:
-        _torch.install()
+        _torch.install(fast_cpu=fast_cpu, unified=unified)
     except _torch.TooLateError as e:
         if required:
             raise
@@ -166,6 +166,9 @@ def enable(
     mode: str | None = None,
     alignment: int | None = None,
     threads: bool = True,
+    cupy_zero_copy: bool | None = None,
+    torch_fast_cpu: bool | None = None,
+    torch_unified: bool | None = None,
 ) -> None:
     """Make ump-alloc the allocator of NumPy, CuPy and PyTorch.
 
@@ -177,6 +180,12 @@ def enable(
 
     PyTorch accepts a pluggable allocator only before its first CUDA tensor; later, ``torch=True``
     raises and ``torch=None`` warns.
+
+    ``cupy_zero_copy``, ``torch_fast_cpu``, ``torch_unified`` (None: the ``UMP_ALLOC_*`` variable
+    of that name): CuPy's ``asnumpy``/``get``/``asarray`` as views of ump-alloc memory (off by
+    default); PyTorch's ``.cpu()`` into pinned memory (on by default); ``.to(device)`` without a
+    copy where both processors reach the memory (RFC-0023, off by default). The README's
+    "Transfers" section lists what each changes.
     """
     L = _lib.lib()
     if alignment is not None:
@@ -191,10 +200,12 @@ def enable(
         _numpy.install(threads=threads)
         done.append("numpy")
     if cupy or (cupy is None and _installed("cupy")):
-        _hooks.when_imported("cupy", lambda _m, req=bool(cupy): _install_cupy(req))
+        _hooks.when_imported("cupy", lambda _m, req=bool(cupy): _install_cupy(req, cupy_zero_copy))
         done.append("cupy")
     if torch or (torch is None and _installed("torch")):
-        _hooks.when_imported("torch", lambda _m, req=bool(torch): _install_torch(req))
+        _hooks.when_imported(
+            "torch", lambda _m, req=bool(torch): _install_torch(req, torch_fast_cpu, torch_unified)
+        )
         done.append("torch")
     _enabled_libs.append(done)
 

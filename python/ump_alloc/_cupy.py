@@ -153,9 +153,19 @@ def fast_path() -> bool:
     return bool(_state["fast"])
 
 
-def install() -> None:
+def install(zero_copy: bool | None = None) -> None:
+    """Make ump-alloc CuPy's allocator; ``zero_copy`` (None: ``UMP_ALLOC_CUPY_ZERO_COPY``)
+    also turns on CUPY_ENABLE_UMP's views for ump-alloc memory (see ``_cupy_zerocopy``)."""
+    import os
+
     import cupy
 
+    if zero_copy is None:
+        zero_copy = os.environ.get("UMP_ALLOC_CUPY_ZERO_COPY", "").strip() == "1"
+    if zero_copy:
+        from . import _cupy_zerocopy
+
+        _cupy_zerocopy.install(cupy)
     if _state["installed"]:
         return
     _state["previous"] = cupy.cuda.get_allocator()
@@ -193,6 +203,9 @@ def uninstall() -> None:
     import cupy
 
     cupy.cuda.set_allocator(_state["previous"])
+    from . import _cupy_zerocopy
+
+    _cupy_zerocopy.uninstall()
     _state["installed"] = False
 
 

@@ -31,10 +31,16 @@ class TooLateError(_lib.UmpError):
     """PyTorch already made CUDA tensors with its own allocator."""
 
 
-def install() -> None:
-    if _state["installed"]:
-        return
+def install(fast_cpu: bool | None = None, unified: bool | None = None) -> None:
+    """Make ump-alloc PyTorch's CUDA allocator, attach its hooks, and set up the transfers
+    (``fast_cpu``/``unified``; None: ``UMP_ALLOC_TORCH_FAST_CPU``/``UMP_ALLOC_TORCH_UNIFIED``)."""
     import torch
+
+    if _state["installed"]:
+        from . import _torch_transfer
+
+        _torch_transfer.install(torch, fast_cpu=fast_cpu, unified=unified)
+        return
 
     if not torch.cuda.is_available():
         raise _lib.UmpError("PyTorch sees no CUDA device", _lib.ERR_UNSUPPORTED)
@@ -53,6 +59,9 @@ def install() -> None:
     _state["installed"] = True
     _state["allocator"] = alloc
     _attach(torch)
+    from . import _torch_transfer
+
+    _torch_transfer.install(torch, fast_cpu=fast_cpu, unified=unified)
 
 
 def _libtorch_cuda(torch) -> str:

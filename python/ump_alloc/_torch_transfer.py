@@ -1,0 +1,260 @@
+"""PyTorch transfers under ump-alloc: fast copies in unchanged programs, and RFC-0023 as an opt-in.
+
+**Fast ``.cpu()``** (``UMP_ALLOC_TORCH_FAST_CPU=1``, the default): ``Tensor.cpu()``,
+``Tensor.to(<cpu>)`` and ``Tensor.numpy(force=True)`` of a CUDA tensor copy into a CPU tensor
+over ump-alloc's host side (NumPy's memory: pinned and mapped on GPUs without HMM/ATS), so the
+copy runs at PCIe DMA speed instead of through pageable memory (measured on the H200: 52 against
+3 GB/s). The result is a new tensor, as before (``copy_`` into it is what PyTorch's own
+``_to_copy`` does). The original path is kept wherever the result could differ or the win is
+nil: tensors below 1 MiB, ``non_blocking=True`` (PyTorch pins that destination itself and tracks
+it with events), autograd (a source that requires grad with grad mode on), non-contiguous,
+conjugated or negated views, tensor subclasses, other memory formats, and while tracing or
+compiling. ``torch.from_numpy(a).cuda()`` needs nothing: ``a`` is already pinned.
+
+**Unified ``.to()``** (``UMP_ALLOC_TORCH_UNIFIED=1``, off by default; pytorch/rfcs#36): ``.to()``
+that only changes the device returns a tensor on *the same memory* when both processors reach it:
+a CPU tensor on ump-alloc's pinned host side becomes a CUDA tensor at the same address, and a
+CUDA tensor on ump-alloc's managed (or pinned) device side becomes a CPU tensor after the
+current stream is synchronised. ``copy=True``, a dtype change, autograd and memory PyTorch owns
+still copy. Differences from a copy: writes through either tensor show in the other; the memory
+lives while either tensor does; GPU kernels on pinned host memory read it over PCIe (about
+85 GB/s, against about 1.7 TB/s from device memory), and the host's first reads of managed
+memory fault pages over (about 7 GB/s), so it wins for data touched once and loses for data
+reused many times (docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+# Below this, the copy is latency-bound and PyTorch's own path is as fast.
+MIN_BYTES = 1 << 20
+
+_orig: dict = {}
+_state = {"fast_cpu": False, "unified": False}
+
+
+def _switch(name: str, default: bool) -> bool:
+    import os
+
+    v = os.environ.get(name, "").strip()
+    return default if v == "" else v == "1"  # validated by ump_init (0 or 1)
+
+
+def install(torch, fast_cpu: bool | None = None, unified: bool | None = None) -> None:
+    """Patch ``torch.Tensor.cpu``/``to``/``numpy`` (once). ``None``: the ``UMP_ALLOC_*`` switch."""
+    _state["fast_cpu"] = _switch("UMP_ALLOC_TORCH_FAST_CPU", True) if fast_cpu is None else bool(fast_cpu)
+    _state["unified"] = _switch("UMP_ALLOC_TORCH_UNIFIED", False) if unified is None else bool(unified)
+    if _orig or not (_state["fast_cpu"] or _state["unified"]):
+        return
+    T = torch.Tensor
+    _orig.update(cpu=T.cpu, to=T.to, numpy=T.numpy, torch=torch)
+    T.cpu = _cpu
+    T.to = _to
+    T.numpy = _numpy
+
+
+def uninstall() -> None:
+    """Restore PyTorch's methods."""
+    if _orig:
+        T = _orig["torch"].Tensor
+        T.cpu, T.to, T.numpy = _orig["cpu"], _orig["to"], _orig["numpy"]
+        _orig.clear()
+
+
+def active() -> dict:
+    """Which behaviours are on."""
+    return {"fast_cpu": bool(_orig) and _state["fast_cpu"], "unified": bool(_orig) and _state["unified"]}
+
+
+# ---- the checks ------------------------------------------------------------------------------
+
+
+def _plain_cuda(t, torch) -> bool:
+    """A dense, contiguous, plain CUDA tensor whose copy we may produce ourselves."""
+    return (
+        type(t) is torch.Tensor
+        and t.is_cuda
+        and t.is_contiguous()
+        and not t.is_conj()
+        and not t.is_neg()
+        and not (t.requires_grad and torch.is_grad_enabled())
+        and not _tracing(torch)
+    )
+
+
+def _tracing(torch) -> bool:
+    try:
+        if torch.jit.is_tracing() or torch.jit.is_scripting():
+            return True
+        compiler = getattr(torch, "compiler", None)
+        return bool(compiler is not None and compiler.is_compiling())
+    except Exception:  # noqa: BLE001 - be conservative
+        return True
+
+
+def _host_empty(shape, dtype, torch):
+    """An empty CPU tensor over ump-alloc's host side (a NumPy uint8 buffer viewed as dtype)."""
+    import numpy as np
+
+    from . import _numpy
+
+    nbytes = _numel(shape) * (dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size())
+    with _numpy.handler_class():
+        buf = np.empty(nbytes, np.uint8)
+    return torch.from_numpy(buf).view(dtype).view(shape)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _fast_copy_to_cpu(self, dtype, torch):
+    if not (_state["fast_cpu"] and _plain_cuda(self, torch)):
+        return None
+    dtype = dtype or self.dtype
+    if self.nbytes < MIN_BYTES:
+        return None
+    dst = _host_empty(self.shape, dtype, torch)
+    dst.copy_(self)  # synchronous: the data is there when this returns, as with .cpu()
+    return dst
+
+
+# ---- unified (RFC-0023) ----------------------------------------------------------------------
+
+
+class _CudaView:
+    """``__cuda_array_interface__`` of a CPU tensor's memory, keeping the tensor alive."""
+
+    def __init__(self, t, typestr):
+        self._t = t
+        self.__cuda_array_interface__ = {
+            "shape": tuple(t.shape),
+            "typestr": typestr,
+            "data": (t.data_ptr(), False),
+            "strides": tuple(s * t.element_size() for s in t.stride()),
+            "version": 3,
+            "stream": None,  # no stream to wait for: the host wrote it
+        }
+
+
+class _HostView:
+    """``__array_interface__`` of a CUDA tensor's memory, keeping the tensor alive."""
+
+    def __init__(self, t, typestr):
+        self._t = t
+        self.__array_interface__ = {
+            "shape": tuple(t.shape),
+            "typestr": typestr,
+            "data": (t.data_ptr(), False),
+            "strides": tuple(s * t.element_size() for s in t.stride()),
+            "version": 3,
+        }
+
+
+def _typestr(t):
+    import numpy as np
+
+    try:
+        return np.dtype(str(t.dtype).replace("torch.", "")).str
+    except TypeError:
+        return None  # bfloat16 and friends have no array-interface type
+
+
+def _identity(t):
+    from . import identify
+
+    try:
+        return identify(t.data_ptr())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _unified_to(self, device, dtype, copy, torch):
+    """The same memory on `device`, or None (copy as usual)."""
+    if not _state["unified"] or copy or type(self) is not torch.Tensor or self.numel() == 0:
+        return None
+    if (dtype is not None and dtype != self.dtype) or (self.requires_grad and torch.is_grad_enabled()):
+        return None
+    if _tracing(torch) or self.is_conj() or self.is_neg():
+        return None
+    typestr = _typestr(self)
+    ident = _identity(self)
+    if typestr is None or ident is None or not ident.ours:
+        return None
+    if device.type == "cuda" and not self.is_cuda and ident.device_accessible:
+        out = torch.as_tensor(_CudaView(self, typestr), device=device)
+        return out if out.data_ptr() == self.data_ptr() else None
+    if device.type == "cpu" and self.is_cuda and ident.host_accessible:
+        import numpy as np
+
+        torch.cuda.current_stream(self.device).synchronize()
+        return torch.from_numpy(np.asarray(_HostView(self, typestr)))
+    return None
+
+
+# ---- the patched methods ---------------------------------------------------------------------
+
+
+def _cpu(self, memory_format=None):
+    # The common cases leave at once: CPU tensors, and small ones when unified is off.
+    if not self.is_cuda or (self.nbytes < MIN_BYTES and not _state["unified"]):
+        return _orig["cpu"](self) if memory_format is None else _orig["cpu"](self, memory_format=memory_format)
+    torch = _orig["torch"]
+    if memory_format is None or memory_format is torch.preserve_format:
+        r = _unified_to(self, torch.device("cpu"), None, False, torch) if self.is_cuda else None
+        if r is None and self.is_cuda:
+            r = _fast_copy_to_cpu(self, None, torch)
+        if r is not None:
+            return r
+        return _orig["cpu"](self) if memory_format is None else _orig["cpu"](self, memory_format=memory_format)
+    return _orig["cpu"](self, memory_format=memory_format)
+
+
+_TO_KEYS = {"device", "dtype", "non_blocking", "copy", "memory_format"}
+
+
+def _to_cpu_maybe(args, kwargs, torch) -> bool:
+    """Whether this .to() call may target the CPU (cheap; no parsing)."""
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, str):
+        return target.startswith("cpu")
+    if isinstance(target, torch.device):
+        return target.type == "cpu"
+    return isinstance(target, torch.Tensor) and not target.is_cuda
+
+
+def _to(self, *args, **kwargs):
+    torch = _orig["torch"]
+    if _state["unified"]:
+        if not set(kwargs) <= _TO_KEYS:
+            return _orig["to"](self, *args, **kwargs)
+    elif not self.is_cuda or self.nbytes < MIN_BYTES or not _to_cpu_maybe(args, kwargs, torch):
+        # .to(dtype), .to("cuda"), small tensors: PyTorch's own path with one check.
+        return _orig["to"](self, *args, **kwargs)
+    try:
+        copy = bool(kwargs.get("copy", False))
+        if len(args) >= 4 or (len(args) >= 3 and not isinstance(args[0], torch.Tensor)):
+            return _orig["to"](self, *args, **kwargs)  # copy given by position: leave it alone
+        kw = {k: v for k, v in kwargs.items() if k != "copy"}
+        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kw)
+    except Exception:  # noqa: BLE001 - PyTorch's own error message is the right one
+        return _orig["to"](self, *args, **kwargs)
+    if device is None or non_blocking or memory_format not in (None, torch.preserve_format):
+        return _orig["to"](self, *args, **kwargs)
+    r = _unified_to(self, device, dtype, copy, torch)
+    if r is None and device.type == "cpu" and self.is_cuda:
+        r = _fast_copy_to_cpu(self, dtype, torch)
+    return r if r is not None else _orig["to"](self, *args, **kwargs)
+
+
+def _numpy(self, *, force=False):
+    torch = _orig["torch"]
+    if force and self.is_cuda and (self.nbytes >= MIN_BYTES or _state["unified"]):
+        t = self.detach()
+        if not (t.is_conj() or t.is_neg()):
+            r = _unified_to(t, torch.device("cpu"), None, False, torch) or _fast_copy_to_cpu(t, None, torch)
+            if r is not None:
+                return _orig["numpy"](r)
+    return _orig["numpy"](self, force=force)
