@@ -16,6 +16,36 @@ import sys
 import time
 
 
+_TRIVIAL_C = r"""
+#include <stddef.h>
+static char buf[1 << 20];
+void *triv_malloc(void *p, size_t s, int d) { (void)p; (void)s; (void)d; return buf; }
+void triv_free(void *p, void *q, int d) { (void)p; (void)q; (void)d; }
+"""
+
+
+def _floor_allocator(cp):
+    """A CFunctionAllocator over C functions that do nothing (built with cc if present)."""
+    import ctypes
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    d = tempfile.mkdtemp()
+    src, so = os.path.join(d, "triv.c"), os.path.join(d, "libtriv.so")
+    with open(src, "w") as f:
+        f.write(_TRIVIAL_C)
+    if subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", so, src]).returncode != 0:
+        return None
+    lib = ctypes.CDLL(so)
+    addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    return cp.cuda.memory.CFunctionAllocator(0, addr(lib.triv_malloc), addr(lib.triv_free), lib).malloc
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=200_000, help="alloc+free pairs per round")
@@ -38,6 +68,10 @@ def main() -> int:
     slow = _cupy._make_python_allocator(cp)
     pool = cp.get_default_memory_pool().malloc
     allocators = {"cupy pool": pool, "ump fast": fast, "ump python": slow}
+    floor = _floor_allocator(cp)
+    if floor is not None:
+        # CuPy's own cost for a C allocator that does nothing: what no C allocator can beat.
+        allocators["C floor"] = floor
     sizes = [int(s) for s in args.sizes.split(",")]
     res = {(a, s): [] for a in allocators for s in sizes}
     alloc = cp.cuda.memory.alloc
@@ -60,6 +94,7 @@ def main() -> int:
         med = {a: statistics.median(res[(a, s)]) for a in allocators}
         print(f"{s:>9}  " + "  ".join(f"{med[a]:>8.0f} ns" for a in allocators)
               + f"  {med['ump fast'] / med['cupy pool']:>9.3f}  {med['ump python'] / med['cupy pool']:>11.3f}")
+    print("(ratios of medians; 'C floor': CuPy's own cost around a C allocator that does nothing)")
     return 0
 
 

@@ -8,7 +8,9 @@ configuration runs in a fresh interpreter; the table shows the median time per i
 
 Also measured: ``cupy.asarray(numpy_array)`` and ``cupy.asnumpy(x)`` of 1 GiB (GB/s).
 
-    python benches/pipeline_bench.py [--mib 256] [--iters 12] [--configs default,auto,managed]
+    python benches/pipeline_bench.py [--mib 256] [--iters 12] [--passes 1] [--configs default,auto,managed]
+
+A configuration may add settings: ``auto+CUPY_ZERO_COPY=1`` runs with UMP_ALLOC_CUPY_ZERO_COPY=1.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 WORKER = r'''
 import json, sys, time
 import numpy as np
-lib, mib, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+lib, mib, iters, passes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 n = mib * 2**20 // 4
 rng = np.random.default_rng(0)
 raw = rng.random(n, dtype=np.float32)
@@ -33,6 +35,8 @@ if lib == "cupy":
         h = raw * 0.5 + 1.0                      # NumPy pre-processing (a new array)
         g = cp.asarray(h)                         # to the GPU
         g = cp.sqrt(g); g *= 3.0; g += 1.0        # three kernels
+        for _ in range(passes - 1):               # a multi-pass workload reads it again
+            g *= 1.0001; g += 1.0
         r = cp.asnumpy(g)                         # back to NumPy
         return float(r[:: 1024].sum())            # the host reads the result
     sync = cp.cuda.Device().synchronize
@@ -42,6 +46,8 @@ else:
         h = raw * 0.5 + 1.0
         t = torch.from_numpy(h).cuda()
         t = torch.sqrt(t); t *= 3.0; t += 1.0
+        for _ in range(passes - 1):
+            t *= 1.0001; t += 1.0
         r = t.cpu().numpy()
         return float(r[:: 1024].sum())
     sync = torch.cuda.synchronize
@@ -72,13 +78,19 @@ print(json.dumps(out))
 '''
 
 
-def run(config: str, lib: str, mib: int, iters: int) -> dict:
+def run(config: str, lib: str, mib: int, iters: int, passes: int = 1) -> dict:
+    """`config`: "default" (no ump-alloc), a mode ("auto", "managed", ...), optionally followed by
+    "+NAME=VALUE" settings, e.g. "auto+CUPY_ZERO_COPY=1" sets UMP_ALLOC_CUPY_ZERO_COPY=1."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
-    if config != "default":
+    mode, *settings = config.split("+")
+    if mode != "default":
         env["UMP_ALLOC"] = "1"
-        if config != "auto":
-            env["UMP_ALLOC_MODE"] = config
-    r = subprocess.run([sys.executable, "-c", WORKER, lib, str(mib), str(iters)], capture_output=True,
+        if mode != "auto":
+            env["UMP_ALLOC_MODE"] = mode
+    for kv in settings:
+        k, _, v = kv.partition("=")
+        env[f"UMP_ALLOC_{k}"] = v
+    r = subprocess.run([sys.executable, "-c", WORKER, lib, str(mib), str(iters), str(passes)], capture_output=True,
                        text=True, env=env)
     if r.returncode != 0:
         return {"error": r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"}
@@ -91,15 +103,17 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=12)
     p.add_argument("--configs", default="default,auto,managed")
     p.add_argument("--libs", default="cupy,torch")
+    p.add_argument("--passes", type=int, default=1, help="extra kernel passes over the array (multi-pass workload)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     configs = args.configs.split(",")
     results = {}
     for lib in args.libs.split(","):
         for c in configs:
-            results[(lib, c)] = run(c, lib, args.mib, args.iters)
+            results[(lib, c)] = run(c, lib, args.mib, args.iters, args.passes)
             print(f"  {lib:<6} {c:<10} {results[(lib, c)]}", file=sys.stderr, flush=True)
-    print(f"{args.mib} MiB pipeline, median ms per iteration of {args.iters} (speed-up over 'default')")
+    print(f"{args.mib} MiB pipeline ({args.passes} pass(es) of kernels), median ms per iteration of {args.iters} "
+          "(speed-up over 'default')")
     for lib in args.libs.split(","):
         base = results[(lib, "default")].get("ms")
         for c in configs:

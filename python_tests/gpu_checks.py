@@ -890,8 +890,11 @@ def dataloader_fork_workers():
 
 def numba_emm():
     """Numba's device arrays come from ump-alloc through the EMM plugin (NUMBA_CUDA_MEMORY_MANAGER
-    is set by the test): a kernel fills a poisoned array with hashed indices, identify() knows it,
-    get_memory_info() is sane, and defer_cleanup() holds frees back."""
+    is set by the test): a CuPy kernel fills a poisoned Numba array with random data through its
+    __cuda_array_interface__ (Numba's own JIT is not needed, so a numba-cuda that cannot compile
+    kernels here does not hide the allocator), identify() knows it, get_memory_info() is sane,
+    and defer_cleanup() holds frees back."""
+    import cupy as cp
     import numba
     from numba import cuda
 
@@ -901,28 +904,20 @@ def numba_emm():
     assert os.environ.get("NUMBA_CUDA_MEMORY_MANAGER") == "ump_alloc.numba"
     ctx = cuda.current_context()
     assert isinstance(ctx.memory_manager, un.UmpNumbaManager), type(ctx.memory_manager)
-
-    @cuda.jit
-    def fill(out, seed):
-        i = cuda.grid(1)
-        if i < out.size:
-            h = (i * 2654435761 + seed) & 0xFFFFFFFF
-            h ^= h >> 15
-            out[i] = h & 0xFFFFFF
-
     n = 3_000_001
-    seed = int.from_bytes(os.urandom(3), "little")
+    rng = np.random.default_rng(int.from_bytes(os.urandom(3), "little"))
+    h = rng.integers(0, 2**40, n, dtype=np.int64)
     d = cuda.to_device(np.full(n, -1, dtype=np.int64))  # poisoned
-    fill[(n + 255) // 256, 256](d, seed)
-    got = d.copy_to_host()
-    i = np.arange(n, dtype=np.int64)
-    h = (i * 2654435761 + seed) & 0xFFFFFFFF
-    h ^= h >> 15
-    assert np.array_equal(got, h & 0xFFFFFF), "kernel result differs"
+    view = cp.asarray(d)  # the same memory, through __cuda_array_interface__
+    assert view.data.ptr == d.__cuda_array_interface__["data"][0]
+    view[...] = cp.asarray(h) * 3 + 1
+    cp.cuda.get_current_stream().synchronize()
+    assert np.array_equal(d.copy_to_host(), h * 3 + 1), "data written by the GPU differs"
     ident = ump_alloc.identify(d.__cuda_array_interface__["data"][0])
     assert ident.ours and ident.device_accessible and ident.size >= n * 8, ident
     free, total = ctx.get_memory_info()
     assert 0 < free <= total, (free, total)
+    del view
     before = ump_alloc.stats()["devices"][0]["in_use"]
     with cuda.defer_cleanup():
         big = cuda.device_array(64 << 20, dtype=np.uint8)
@@ -974,3 +969,122 @@ def cupy_fast_path():
     del s1
     st = ump_alloc.stats()
     print(f"fast path ok; streams {st['streams']}")
+
+
+def _fresh_cuda(torch, n, dtype, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=g).to(dtype).cuda()
+    if dtype == torch.bool:
+        return (torch.randint(0, 2, (n,), generator=g) == 1).cuda()
+    return torch.randint(-(2**30), 2**30, (n,), generator=g).to(dtype).cuda()
+
+
+def torch_fast_cpu():
+    """UMP_ALLOC=1: .cpu()/.to("cpu")/.numpy(force=True) of CUDA tensors land in ump-alloc's host
+    side with results bit-equal to PyTorch's own path; autograd, dtype changes, non_blocking and
+    small tensors behave as before. With UMP_ALLOC_TORCH_FAST_CPU=0 (the control) nothing is
+    ours."""
+    import torch
+
+    import ump_alloc
+    from ump_alloc import _torch_transfer as tt
+
+    fast = os.environ.get("UMP_ALLOC_TORCH_FAST_CPU", "1") == "1"
+    ump_alloc.enable(cupy=False, torch=True)
+    orig_cpu = tt._orig.get("cpu", torch.Tensor.cpu)
+    seed = int.from_bytes(os.urandom(2), "little")
+    for i, dtype in enumerate((torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.float16)):
+        t = _fresh_cuda(torch, (3 << 20) + 7, dtype, seed + i).view(-1)
+        ref = orig_cpu(t)
+        for name, got in (("cpu", t.cpu()), ("to", t.to("cpu")), ("to device", t.to(torch.device("cpu"))),
+                          ("2d", t[: (3 << 20)].view(1024, -1).cpu())):
+            want = ref if name != "2d" else ref[: (3 << 20)].view(1024, -1)
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), (name, dtype)
+            assert got.device.type == "cpu" and got.is_contiguous()
+            assert ump_alloc.identify(got).ours == fast, (name, dtype, ump_alloc.identify(got))
+        if dtype != torch.bfloat16:  # NumPy has no bfloat16: PyTorch refuses .numpy() itself
+            n = t.numpy(force=True)
+            assert np.array_equal(n, ref.numpy()) and ump_alloc.identify(n).ours == fast
+    t = _fresh_cuda(torch, 1 << 21, torch.float32, seed)
+    conv = t.to("cpu", torch.float16)
+    assert conv.dtype == torch.float16 and torch.equal(conv, orig_cpu(t).to(torch.float16))
+    assert not ump_alloc.identify(t[:100].cpu()).ours, "small tensors keep PyTorch's path"
+    nb = t.to("cpu", non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(nb, orig_cpu(t)) and not ump_alloc.identify(nb).ours, "non_blocking keeps PyTorch's pinned path"
+    # Autograd: gradients through .cpu() are PyTorch's own.
+    w = torch.randn(1 << 20, device="cuda", requires_grad=True)
+    (w * 3).cpu().sum().backward()
+    assert torch.equal(w.grad, torch.full_like(w, 3.0))
+    m = _fresh_cuda(torch, 1 << 22, torch.float32, seed).view(2048, 2048).t()  # not contiguous
+    assert torch.equal(m.cpu(), orig_cpu(m)) and not ump_alloc.identify(m.cpu()).ours
+    print(f"fast .cpu(): {'on' if fast else 'off (control)'}")
+
+
+def torch_unified():
+    """UMP_ALLOC_TORCH_UNIFIED=1 (RFC-0023): .to("cuda") of a CPU tensor on ump-alloc's pinned host
+    side and .to("cpu") of a CUDA tensor on host-readable ump memory return the same memory;
+    copy=True copies; writes show on both sides. The control (variable unset) copies."""
+    import torch
+
+    import ump_alloc
+
+    unified = os.environ.get("UMP_ALLOC_TORCH_UNIFIED") == "1"
+    ump_alloc.enable(cupy=False, torch=True)
+    rng = np.random.default_rng(int.from_bytes(os.urandom(2), "little"))
+    a = rng.random(1 << 20, dtype=np.float32)
+    h = torch.from_numpy(a)
+    if not ump_alloc.identify(h).device_accessible:
+        print("host side not reachable by the GPU in this mode: nothing to alias")
+        return
+    c = h.to("cuda")
+    assert c.is_cuda and torch.equal(c.cpu(), h)
+    assert (c.data_ptr() == h.data_ptr()) == unified
+    c.mul_(2.0)
+    torch.cuda.synchronize()
+    if unified:
+        assert torch.equal(h, c.cpu()), "a GPU write must show in the CPU tensor"
+    cc = h.to("cuda", copy=True)
+    assert cc.data_ptr() != h.data_ptr()
+    g = torch.randn(1 << 20, device="cuda")
+    back = g.to("cpu")
+    same = back.data_ptr() == g.data_ptr()
+    assert same == (unified and ump_alloc.identify(g).host_accessible)
+    assert torch.equal(back, g.to("cpu", copy=True))
+    if same:
+        g.add_(1.0)
+        torch.cuda.synchronize()
+        assert torch.equal(back, g.to("cpu", copy=True)), "the CPU view follows GPU writes"
+    r = torch.randn(1 << 20, device="cuda", requires_grad=True)
+    assert r.to("cpu").data_ptr() != r.data_ptr(), "autograd-tracked tensors copy"
+    print(f"unified: {'on' if unified else 'off (control)'}")
+
+
+def cupy_zero_copy():
+    """UMP_ALLOC_CUPY_ZERO_COPY=1: cupy.asnumpy / get of ump-alloc memory are views after the
+    stream sync, cupy.asarray of ump-alloc NumPy memory is a view; writes show on both sides.
+    The control (unset) copies."""
+    import cupy as cp
+
+    import ump_alloc
+
+    on = os.environ.get("UMP_ALLOC_CUPY_ZERO_COPY") == "1"
+    ump_alloc.enable(torch=False)
+    rng = np.random.default_rng(int.from_bytes(os.urandom(2), "little"))
+    h = rng.random(1 << 20)
+    x = cp.asarray(h)
+    view_in = ump_alloc.is_zero_copy(x, h)
+    assert view_in == (on and ump_alloc.identify(h).device_accessible), view_in
+    y = cp.full(1 << 20, -1.0)  # poisoned, then written by a kernel
+    y[...] = x * 2 + 1
+    for got in (cp.asnumpy(y), y.get()):
+        assert np.array_equal(got, h * 2 + 1)
+    v = cp.asnumpy(y)
+    host_view = ump_alloc.is_zero_copy(v, y)
+    assert host_view == (on and ump_alloc.identify(y).host_accessible), host_view
+    if view_in:
+        x *= 3
+        cp.cuda.get_current_stream().synchronize()
+        assert np.array_equal(h, cp.asnumpy(x)), "a GPU write through the view must show in NumPy"
+    print(f"cupy zero-copy: {'on' if on else 'off (control)'}; in {view_in}, out {host_view}")

@@ -215,3 +215,24 @@ def test_numba_emm_plugin(mode):
 @pytest.mark.parametrize("mode", SHARED or ["managed"])
 def test_cupy_fast_path(mode):
     check("cupy_fast_path", mode, {"UMP_ALLOC_LIMIT": "256M"})
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+def test_torch_fast_cpu(fast):
+    check("torch_fast_cpu", None, {"UMP_ALLOC_TORCH_FAST_CPU": fast})
+
+
+@pytest.mark.parametrize("unified", ["1", "0"])
+@pytest.mark.parametrize("mode", ["pinned", "managed"])
+def test_torch_unified(mode, unified):
+    if mode not in supported_modes():
+        pytest.skip(f"{mode} not supported here")
+    check("torch_unified", mode, {"UMP_ALLOC_TORCH_UNIFIED": unified})
+
+
+@pytest.mark.parametrize("on", ["1", "0"])
+@pytest.mark.parametrize("mode", ["pinned", "managed"])
+def test_cupy_zero_copy(mode, on):
+    if mode not in supported_modes():
+        pytest.skip(f"{mode} not supported here")
+    check("cupy_zero_copy", mode, {"UMP_ALLOC_CUPY_ZERO_COPY": on})

@@ -48,15 +48,17 @@ _POINTER_TAKES_CONTEXT = "context" in _inspect.signature(_MemoryPointer.__init__
 def _uses_nvidia_binding() -> bool:
     """Whether Numba talks to the driver through NVIDIA's cuda-python bindings (numba-cuda does
     by default) rather than ctypes: device pointers are then ``CUdeviceptr`` objects."""
+    import importlib.util
+
     from numba.cuda.cudadrv import driver as drv
 
+    # The numba-cuda package (numba.cuda's home since Numba 0.61) talks to the driver through
+    # NVIDIA's bindings whatever CUDA_USE_NVIDIA_BINDING says (seen with numba-cuda 0.68).
+    if importlib.util.find_spec("numba_cuda") is not None:
+        return True
     flag = getattr(drv, "USE_NV_BINDING", None)
     if flag is None:
-        flag = getattr(_config, "CUDA_USE_NVIDIA_BINDING", None)
-    if flag is None:
-        import sys
-
-        flag = "cuda.bindings.driver" in sys.modules
+        flag = getattr(_config, "CUDA_USE_NVIDIA_BINDING", False)
     return bool(flag)
 
 
