@@ -222,6 +222,11 @@ impl ClassState {
     }
 }
 
+thread_local! {
+    /// `refill`'s vector of slots, reused (empty between uses).
+    static SCRATCH: std::cell::RefCell<Vec<Slot>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Pool {
     /// Allocate `n <= SMALL_MAX` bytes from the class that serves it, counted in use.
     #[inline]
@@ -252,7 +257,13 @@ impl Pool {
         } else {
             0
         };
-        let mut got = Vec::with_capacity(1 + extra);
+        // A scratch vector kept per thread: no heap allocation per refill (device pools, which
+        // have no thread cache, refill on every small allocation).
+        let mut got = SCRATCH
+            .try_with(|v| std::mem::take(&mut *v.borrow_mut()))
+            .unwrap_or_default();
+        got.clear();
+        got.reserve(1 + extra);
         let hit = {
             let mut st = lock(&self.classes[ci]);
             self.take_slots(&mut st, 1 + extra, &mut got);
@@ -274,6 +285,8 @@ impl Pool {
             if !rest.is_empty() {
                 self.return_slots(ci, rest);
             }
+        } else {
+            let _ = SCRATCH.try_with(|v| *v.borrow_mut() = got);
         }
         Ok(one)
     }
