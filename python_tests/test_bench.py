@@ -9,7 +9,7 @@ import pytest
 
 
 def test_bench_quick_json_measures_both_allocators():
-    r = subprocess.run([sys.executable, "-c", "import sys; from ump_alloc import _bench; sys.exit(_bench.main(['--quick', '--json']))"],
+    r = subprocess.run([sys.executable, "-m", "ump_alloc", "bench", "--quick", "--json"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -1,5 +1,6 @@
 """``python -m ump_alloc demo`` runs the demo; ``python -m ump_alloc info`` prints the
-configuration table, the machine's capabilities and the mode."""
+configuration table, the machine's capabilities and the mode; ``stats`` prints the memory
+summary; ``bench`` measures ump-alloc against the default allocators (see ``_bench``)."""
 
 from __future__ import annotations
 
@@ -87,12 +88,30 @@ def demo() -> int:
     return 0 if ok else 1
 
 
+def stats() -> int:
+    ump_alloc.enable(cupy=False, torch=False)
+    print(ump_alloc.memory_summary())
+    return 0
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ump_alloc", description=__doc__)
-    p.add_argument("command", choices=["demo", "info"], nargs="?", default="info")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from ump_alloc import _bench
+
+        return _bench.main(argv[1:])
+    p = argparse.ArgumentParser(
+        prog="python -m ump_alloc",
+        description="ump-alloc: one allocator for NumPy, CuPy and PyTorch.",
+        epilog="commands: info (the default) prints the configuration, the machine and the mode; "
+        "demo runs the demo; stats prints the memory summary of this process; "
+        "bench [--quick] [--json] [--plot FILE.png] measures ump-alloc against the default "
+        "allocators on this machine.",
+    )
+    p.add_argument("command", choices=["demo", "info", "stats", "bench"], nargs="?", default="info")
     args = p.parse_args(argv)
     try:
-        return demo() if args.command == "demo" else info()
+        return {"demo": demo, "info": info, "stats": stats}[args.command]()
     except _lib.UmpError as e:
         print(f"ump_alloc: {e}", file=sys.stderr)
         return 2
