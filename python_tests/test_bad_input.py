@@ -126,3 +126,31 @@ def test_identify_foreign_and_null(lib):
     assert not n.ours and n.kind == "unknown"
     with pytest.raises(TypeError):
         ump_alloc.identify("not an array")
+
+
+def test_identify_rejects_negative_addresses_and_asnumpy_passes_numpy_through():
+    import numpy as np
+    import pytest
+
+    import ump_alloc
+
+    with pytest.raises(ValueError, match="address"):
+        ump_alloc.identify(-5)
+    with pytest.raises(ValueError):
+        ump_alloc.identify(1 << 64)
+    a = np.arange(5)
+    assert ump_alloc.asnumpy(a) is a
+
+
+def test_enable_with_a_library_required_but_missing_says_how_to_install_it():
+    import importlib.util
+
+    import pytest
+
+    import ump_alloc
+
+    for name in ("cupy", "torch"):
+        if importlib.util.find_spec(name) is not None:
+            continue
+        with pytest.raises(ump_alloc.UmpError, match=f"{name} is not installed.*pip install"):
+            ump_alloc.enable(**{name: True})

@@ -187,6 +187,14 @@ def enable(
     copy where both processors reach the memory (RFC-0023, off by default). The README's
     "Transfers" section lists what each changes.
     """
+    for name, wanted in (("cupy", cupy), ("torch", torch)):
+        if wanted and not _installed(name):
+            raise UmpError(
+                f"enable({name}=True): {name} is not installed in this environment "
+                f"(pip install {'cupy-cuda12x' if name == 'cupy' else 'torch'}, or pass {name}=None to "
+                "switch it over only where it is installed)",
+                _lib.ERR_UNSUPPORTED,
+            )
     L = _lib.lib()
     if alignment is not None:
         _lib.check(L.ump_set_alignment(int(alignment)), "ump_set_alignment")
@@ -277,6 +285,8 @@ class Identity:
 
 def _address(obj) -> int:
     if isinstance(obj, int):
+        if not 0 <= obj < 1 << 64:
+            raise ValueError(f"an address is an integer in [0, 2**64), not {obj}")
         return obj
     if hasattr(obj, "data_ptr") and callable(obj.data_ptr):  # torch.Tensor
         return int(obj.data_ptr())

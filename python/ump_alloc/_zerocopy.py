@@ -94,7 +94,8 @@ def _copy_to_numpy(x, kind):
 
 
 def asnumpy(x, stream=None):
-    """A NumPy array of GPU array ``x`` (CuPy array or torch CUDA tensor).
+    """A NumPy array of GPU array ``x`` (CuPy array or torch CUDA tensor); a NumPy array is
+    returned as it is (as ``cupy.asnumpy`` does).
 
     When ``x`` lives in host-accessible ump memory (managed, registered or system memory, or any
     CUDA managed memory), the result is a view of the same bytes after ``ump_host_access``
@@ -102,6 +103,8 @@ def asnumpy(x, stream=None):
     dtype are kept and the source stays alive as long as the view. Otherwise it is an ordinary
     copy. ``result.base`` is a :class:`ZeroCopyBuffer` exactly when no copy was made.
     """
+    if isinstance(x, np.ndarray):
+        return x  # already NumPy: passed through, as cupy.asnumpy does
     ptr, shape, strides, dtype, current_stream, kind = _describe_gpu(x)
     start, nbytes = _span(ptr, shape, strides, dtype.itemsize)
     if nbytes == 0:
