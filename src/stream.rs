@@ -660,6 +660,45 @@ mod tests {
         assert!(g.stats.mapped.load(Ordering::Relaxed) <= 1 << 30);
     }
 
+    /// A stream pool keeps the last freed slot of each class out of its slab (no lock on an
+    /// alloc+free pair); trim and retire put it back, so nothing stays mapped.
+    #[test]
+    fn the_hot_slot_is_reused_at_once_and_given_back() {
+        let g = group(None);
+        let p = g.pool_for(0x500).unwrap();
+        let a = p.alloc(1000).unwrap().ptr;
+        p.free(a).unwrap();
+        assert_eq!(
+            p.alloc(1000).unwrap().ptr,
+            a,
+            "the hot slot serves the next alloc"
+        );
+        assert!(
+            p.free(a).is_ok() && p.free(a).is_err(),
+            "a double free is still refused"
+        );
+        let r = p.report();
+        assert_eq!(
+            r.mapped - r.cached,
+            0,
+            "the hot slot counts as cached: {r:?}"
+        );
+        assert_eq!(
+            g.trim(),
+            r.mapped,
+            "trim returns the slab of the hot slot too"
+        );
+        let b = p.alloc(2000).unwrap().ptr;
+        p.free(b).unwrap();
+        assert!(g.retire(0x500));
+        let q = g.pool_for(0x600).unwrap();
+        assert!(
+            std::ptr::eq(p, q),
+            "a retired pool with only a freed slot is recycled"
+        );
+        q.trim();
+    }
+
     /// PyTorch's memory fraction: a limit set at run time, lifted again, beside UMP_ALLOC_LIMIT.
     #[test]
     fn a_runtime_limit_applies_to_every_stream_and_can_be_lifted() {

@@ -146,6 +146,10 @@ pub struct Pool {
     retain: usize,
     /// Bytes of wholly free slabs kept for reuse (part of what `retain` bounds).
     kept_slabs: AtomicUsize,
+    /// Stream-ordered pools (no thread cache): per class, the last freed slot, kept out of its
+    /// slab so that an alloc+free pair on one stream takes one atomic swap each and no lock.
+    /// See `slab.rs` (`take_hot`, `put_hot`, `drain_hot`).
+    hot: Box<[AtomicUsize]>,
     /// Bytes given back to the backing so far (what `trim` reports).
     unmapped: AtomicUsize,
     /// How long a wholly free chunk above `retain` is kept before it goes back (milliseconds;
@@ -282,6 +286,7 @@ impl Pool {
         let classes = (0..table.len())
             .map(|_| Mutex::new(ClassState::default()))
             .collect();
+        let hot = (0..table.len()).map(|_| AtomicUsize::new(0)).collect();
         Box::leak(Box::new(Pool {
             kind: backing.kind(),
             device: backing.device(),
@@ -296,6 +301,7 @@ impl Pool {
             limit,
             retain,
             kept_slabs: AtomicUsize::new(0),
+            hot,
             unmapped: AtomicUsize::new(0),
             decay_ms: AtomicU64::new(0),
             decay_due: AtomicU64::new(0),
@@ -431,7 +437,9 @@ impl Pool {
     /// backing meanwhile.
     pub fn trim(&'static self) -> usize {
         let before = self.unmapped.load(Ordering::Relaxed);
-        if !self.is_stream_ordered() {
+        if self.is_stream_ordered() {
+            self.drain_hot();
+        } else {
             tcache::reclaim(Some(self));
         }
         self.release_empty_slabs();
@@ -503,7 +511,7 @@ impl Pool {
             .map(|(ci, c)| lock(c).free_slots() * self.table.sizes[ci])
             .sum();
         let threads = if self.is_stream_ordered() {
-            0
+            self.hot_bytes()
         } else {
             tcache::cached_bytes(self)
         };

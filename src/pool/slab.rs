@@ -222,6 +222,18 @@ impl ClassState {
     }
 }
 
+/// A hot slot packs its slab descriptor's address (below 2^48 on every 64-bit target we run
+/// on) and its index (below 2^16: slabs hold fewer slots) into one word; 0 is "none".
+const HOT_IDX_SHIFT: u32 = 48;
+
+fn unpack_hot(v: usize) -> Slot {
+    let ptr = v & ((1usize << HOT_IDX_SHIFT) - 1);
+    // SAFETY: `v` was packed by `put_hot` from a leaked (never freed) slab descriptor, and the
+    // slot kept its slab in use, so the descriptor still describes the slot's slab.
+    let slab = unsafe { &*(ptr as *const Slab) };
+    (slab, (v >> HOT_IDX_SHIFT) as u32)
+}
+
 thread_local! {
     /// `refill`'s vector of slots, reused (empty between uses).
     static SCRATCH: std::cell::RefCell<Vec<Slot>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -232,7 +244,18 @@ impl Pool {
     #[inline]
     pub(super) fn alloc_small(&'static self, n: usize) -> Result<Alloc> {
         let ci = self.table.class_of(n);
-        let (slab, idx) = match tcache::pop(self, ci, n) {
+        let hot = if self.is_stream_ordered() {
+            self.take_hot(ci)
+        } else {
+            None
+        };
+        let (slab, idx) = match hot.or_else(|| tcache::pop(self, ci, n)) {
+            Some(x) if hot.is_some() => {
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                self.stats.allocs.fetch_add(1, Ordering::Relaxed);
+                self.stats.add_in_use(n);
+                x
+            }
             Some(x) => x,
             None => {
                 let x = self.refill(ci)?;
@@ -363,12 +386,58 @@ impl Pool {
             return Err(double_free(ptr));
         }
         let n = w as usize - 1;
+        if self.is_stream_ordered() && self.put_hot(s.class, s, idx as u32) {
+            self.stats.frees.fetch_add(1, Ordering::Relaxed);
+            self.stats.sub_in_use(n);
+            return Ok(n);
+        }
         if !tcache::push(self, s.class, (s, idx as u32), n) {
             self.return_slots(s.class, std::iter::once((s, idx as u32)));
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             self.stats.sub_in_use(n);
         }
         Ok(n)
+    }
+
+    /// Take the hot slot of class `ci` (stream-ordered pools), if there is one. The slot
+    /// stayed out of its slab while it was hot, so it is handed out with no lock.
+    #[inline]
+    fn take_hot(&'static self, ci: usize) -> Option<Slot> {
+        let v = self.hot[ci].swap(0, Ordering::Acquire);
+        (v != 0).then(|| unpack_hot(v))
+    }
+
+    /// Make a freed slot the hot one of its class if the cell is empty. Returns false when
+    /// another slot is hot already (the caller returns this one to its slab).
+    #[inline]
+    fn put_hot(&'static self, ci: usize, slab: &'static Slab, idx: u32) -> bool {
+        let addr = slab as *const Slab as usize;
+        if addr >> HOT_IDX_SHIFT != 0 || self.is_retired() {
+            // An address this packing cannot hold, or a retired stream's pool (whose slabs
+            // must fall empty so that the pool is recycled): the slot goes back to its slab.
+            return false;
+        }
+        let v = addr | (idx as usize) << HOT_IDX_SHIFT;
+        self.hot[ci]
+            .compare_exchange(0, v, Ordering::Release, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Return every hot slot to its slab (trim, retire, statistics need them there).
+    pub(super) fn drain_hot(&'static self) {
+        for ci in 0..self.hot.len() {
+            if let Some(slot) = self.take_hot(ci) {
+                self.return_slots(ci, std::iter::once(slot));
+            }
+        }
+    }
+
+    /// Bytes of the hot slots.
+    pub(super) fn hot_bytes(&self) -> usize {
+        (0..self.hot.len())
+            .filter(|&ci| self.hot[ci].load(Ordering::Relaxed) != 0)
+            .map(|ci| self.table.sizes[ci])
+            .sum()
     }
 
     /// Return free slots to their slabs; slabs that become wholly free are kept (one per

@@ -675,6 +675,7 @@ impl Pool {
         };
         *lock(&self.retire_event) = fence;
         self.key.fetch_or(1, Ordering::AcqRel);
+        self.drain_hot();
         self.release_empty_slabs();
         let mut lg = lock(&self.large);
         // The retire event covers the events recorded on the stream earlier.
