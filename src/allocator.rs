@@ -519,11 +519,17 @@ pub fn device_free(ptr: usize, _device: i32, stream: Option<usize>) -> Result<()
     if ptr == 0 {
         return Ok(());
     }
+    if stream.is_none() && !crate::stream::any_recorded() {
+        // The block's own stream and no record_stream anywhere: nothing to order or defer.
+        return free(ptr);
+    }
     let info = block_at(ptr)?;
     if info.pool.is_stream_ordered()
         && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
     {
-        refuse_deferred(ptr)?;
+        if crate::stream::any_deferred() {
+            refuse_deferred(ptr)?;
+        }
         if let Some(stream) = stream {
             g.fence_free(info.pool, stream);
         }

@@ -68,6 +68,17 @@ struct Node {
 /// An idle chunk of a retired stream, with the event after which another stream may use it.
 type Orphan = (Chunk, Option<Arc<cuda::Event>>);
 
+/// Blocks recorded on other streams or waiting for them, on every device: 0 lets a free that
+/// names no stream skip the record-stream bookkeeping altogether.
+static RECORDED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether any block is recorded on another stream or waits for one (see
+/// [`StreamPools::record_stream`]).
+#[inline]
+pub fn any_recorded() -> bool {
+    RECORDED.load(Ordering::Relaxed) != 0
+}
+
 /// Deferred frees on every device: 0 keeps `allocator::free` from looking them up.
 static DEFERRED: AtomicUsize = AtomicUsize::new(0);
 
@@ -324,6 +335,7 @@ impl StreamPools {
         let mut r = lock(&self.recorded);
         let streams = r.streams.entry(ptr).or_insert_with(|| {
             self.recorded_count.fetch_add(1, Ordering::Relaxed);
+            RECORDED.fetch_add(1, Ordering::Relaxed);
             Vec::new()
         });
         if !streams.contains(&stream) {
@@ -369,6 +381,7 @@ impl StreamPools {
         }
         if events.is_empty() {
             self.recorded_count.fetch_sub(1, Ordering::Relaxed);
+            RECORDED.fetch_sub(1, Ordering::Relaxed);
             return false;
         }
         lock(&self.recorded).pending.push(Deferred { ptr, events });
@@ -399,6 +412,7 @@ impl StreamPools {
             });
             self.recorded_count
                 .fetch_sub(ready.len(), Ordering::Relaxed);
+            RECORDED.fetch_sub(ready.len(), Ordering::Relaxed);
             DEFERRED.fetch_sub(ready.len(), Ordering::Relaxed);
             ready
         };
