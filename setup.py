@@ -21,6 +21,7 @@ class build_py_with_pth(build_py):
 setup(
     packages=["ump_alloc"],
     package_dir={"": "python"},
+    package_data={"ump_alloc": ["py.typed"]},
     rust_extensions=[
         RustExtension("ump_alloc.libump_alloc", path="Cargo.toml", binding=Binding.NoBinding, debug=False)
     ],
