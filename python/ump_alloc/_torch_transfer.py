@@ -124,33 +124,13 @@ def _fast_copy_to_cpu(self, dtype, torch):
 # ---- unified (RFC-0023) ----------------------------------------------------------------------
 
 
-class _CudaView:
-    """``__cuda_array_interface__`` of a CPU tensor's memory, keeping the tensor alive."""
+def _view_of(t, typestr, cuda: bool):
+    """The array interface (``__cuda_array_interface__`` when ``cuda``) of tensor ``t``'s
+    memory, keeping ``t`` alive."""
+    from ._zerocopy import ZeroCopyBuffer
 
-    def __init__(self, t, typestr):
-        self._t = t
-        self.__cuda_array_interface__ = {
-            "shape": tuple(t.shape),
-            "typestr": typestr,
-            "data": (t.data_ptr(), False),
-            "strides": tuple(s * t.element_size() for s in t.stride()),
-            "version": 3,
-            "stream": None,  # no stream to wait for: the host wrote it
-        }
-
-
-class _HostView:
-    """``__array_interface__`` of a CUDA tensor's memory, keeping the tensor alive."""
-
-    def __init__(self, t, typestr):
-        self._t = t
-        self.__array_interface__ = {
-            "shape": tuple(t.shape),
-            "typestr": typestr,
-            "data": (t.data_ptr(), False),
-            "strides": tuple(s * t.element_size() for s in t.stride()),
-            "version": 3,
-        }
+    strides = tuple(s * t.element_size() for s in t.stride())
+    return ZeroCopyBuffer(t, t.data_ptr(), tuple(t.shape), typestr, strides, cuda=cuda)
 
 
 def _typestr(t):
@@ -184,13 +164,13 @@ def _unified_to(self, device, dtype, copy, torch):
     if typestr is None or ident is None or not ident.ours:
         return None
     if device.type == "cuda" and not self.is_cuda and ident.device_accessible:
-        out = torch.as_tensor(_CudaView(self, typestr), device=device)
+        out = torch.as_tensor(_view_of(self, typestr, cuda=True), device=device)
         return out if out.data_ptr() == self.data_ptr() else None
     if device.type == "cpu" and self.is_cuda and ident.host_accessible:
         import numpy as np
 
         torch.cuda.current_stream(self.device).synchronize()
-        return torch.from_numpy(np.asarray(_HostView(self, typestr)))
+        return torch.from_numpy(np.asarray(_view_of(self, typestr, cuda=False)))
     return None
 
 
