@@ -486,7 +486,6 @@ impl Pool {
         done
     }
 
-    /// Bytes of free memory held in chunks, slabs and thread caches (mapped, not handed out).
     /// What this pool holds now (read under its locks, one at a time: a snapshot per field).
     pub fn report(&'static self) -> PoolReport {
         let (mapped, largest_free) = {
@@ -502,6 +501,7 @@ impl Pool {
         }
     }
 
+    /// Bytes of free memory held in chunks, slabs and thread caches (mapped, not handed out).
     pub fn cached_bytes(&'static self) -> usize {
         let spans = lock(&self.large).free_bytes();
         let slots: usize = self

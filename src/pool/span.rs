@@ -117,12 +117,32 @@ impl Large {
         self.chunks.values().map(|c| c.size).sum()
     }
 
-    /// The largest free span or exact-size-list span: the largest block that fits without
-    /// mapping more.
+    /// The largest block that fits without mapping more: the largest free span once the
+    /// exact-size list is merged into the free set (as an allocation that finds nothing does),
+    /// i.e. adjacent free and listed spans of one chunk count as one.
     pub(super) fn largest_free(&self) -> usize {
-        let spans = self.free.keys().next_back().map_or(0, |k| k.0);
-        let quick = self.quick.iter().map(|sp| sp.len()).max().unwrap_or(0);
-        spans.max(quick)
+        if self.quick.is_empty() {
+            return self.free.keys().next_back().map_or(0, |k| k.0);
+        }
+        let mut spans: Vec<(usize, usize, usize)> = self
+            .free
+            .values()
+            .chain(self.quick.iter())
+            .map(|sp| (sp.start(), sp.len(), sp.chunk_base.load(Ordering::Relaxed)))
+            .collect();
+        spans.sort_unstable();
+        let (mut best, mut run_end, mut run_len, mut run_chunk) = (0, 0, 0, usize::MAX);
+        for (start, len, chunk) in spans {
+            if start == run_end && chunk == run_chunk {
+                run_len += len;
+            } else {
+                run_len = len;
+                run_chunk = chunk;
+            }
+            run_end = start + len;
+            best = best.max(run_len);
+        }
+        best
     }
 
     /// Free bytes in spans and the exact-size list.

@@ -465,12 +465,46 @@ fn report_shows_what_is_mapped_cached_and_the_largest_free_block() {
     p.free(c).unwrap();
     let r = p.report();
     assert_eq!(r.cached, super::ARENA - 8 * mb, "b and c are free");
-    assert!(
-        r.largest_free >= super::ARENA - 24 * mb && r.largest_free <= r.cached,
-        "{r:?}"
+    assert_eq!(
+        r.largest_free,
+        super::ARENA - 8 * mb,
+        "b, c and the tail are one run"
     );
     p.free(a).unwrap();
     assert_eq!(p.report().cached, super::ARENA);
     p.trim();
     assert_eq!(p.report(), crate::pool::PoolReport::default());
+}
+
+#[test]
+fn largest_free_block_counts_listed_neighbours_merged_and_is_servable() {
+    let p = pool_with(512, None, usize::MAX);
+    let mb = 1 << 20;
+    let a = p.alloc(8 * mb).unwrap().ptr;
+    let b = p.alloc(8 * mb).unwrap().ptr;
+    let c = p.alloc(8 * mb).unwrap().ptr;
+    let tail = super::ARENA - 24 * mb;
+    // b alone: a hole between a and c (kept on the exact-size list), smaller than the tail.
+    p.free(b).unwrap();
+    assert_eq!(p.report().largest_free, tail);
+    // c joins b and the tail: one run of 16 MiB + the tail once the list is merged.
+    p.free(c).unwrap();
+    let r = p.report();
+    assert_eq!(r.largest_free, tail + 16 * mb, "{r:?}");
+    assert_eq!(r.cached, tail + 16 * mb);
+    // The figure is what an allocation gets without mapping more.
+    let big = p.alloc(r.largest_free).unwrap().ptr;
+    assert_eq!(
+        p.report().mapped,
+        super::ARENA,
+        "served from the same chunk"
+    );
+    assert_eq!(p.report().largest_free, 0);
+    p.free(big).unwrap();
+    p.free(a).unwrap();
+    assert_eq!(
+        p.report().largest_free,
+        super::ARENA,
+        "all merged: the whole chunk"
+    );
 }
