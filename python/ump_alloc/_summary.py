@@ -94,7 +94,7 @@ def memory_summary() -> str:
             rows.append((f"  stream {name}", (_size(p["mapped"] - p["cached"]), _size(p["cached"]), _size(p["mapped"]),
                                               "-", _size(p["largest_free"]), "-", "-")))
     w = max([len(r[0]) for r in rows if r[1] is not None] + [30])
-    cw = 11
+    cw = max([len(c) for c in COLUMNS] + [len(c) for _, cells in rows if cells is not None for c in cells])
     line = "=" * (w + 3 + (cw + 3) * len(COLUMNS))
     out = [line, f"ump-alloc memory summary: mode {mode()}, {st['streams']} stream pools, "
                  f"{st['stream_waits']} cross-stream waits, {st['stream_syncs']} syncs, {st['errors']['total']} errors",
