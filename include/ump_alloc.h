@@ -467,8 +467,9 @@ int ump_reset_peak(void);
 
 // Fill `*out` with pool number `index` (0, 1, ...: the host side's pools, then each device's,
 // one per stream). Returns `UMP_OK`; `UMP_ERR_INVALID` past the last pool (and before the first
-// allocation); `UMP_ERR_NULL` for a NULL `out`. `out->size` says how many bytes the caller's
-// struct has (older, smaller structs get the fields they know).
+// allocation): the end of the list, with a message in `ump_last_error()` but not counted as an
+// error in `ump_stats`; `UMP_ERR_NULL` for a NULL `out`. `out->size` says how many bytes the
+// caller's struct has (older, smaller structs get the fields they know).
 //
 // # Safety
 // `out` is NULL or points to at least `out->size` writable bytes (the whole struct when 0).

@@ -14,9 +14,14 @@ gone = np.ones(2_000_000); del gone  # 16 MB freed: cached
 (p,) = [x for x in ump_alloc.pool_stats() if x["device"] == -1 and not x["fallback"]]
 assert p["mapped"] >= 40 * 2**20 and p["cached"] >= 16 * 2**20, p
 assert 16 * 2**20 <= p["largest_free"] <= p["cached"], p
+errors = ump_alloc.stats()["errors"]["total"]
+ump_alloc.pool_stats(); ump_alloc.pool_stats()
+assert ump_alloc.stats()["errors"]["total"] == errors, "the end of the pool list is not an error"
+assert ump_alloc.last_error() is None
 s = ump_alloc.memory_summary()
 print(s)
 assert "host side (NumPy)" in s and "largest free" in s and "MiB" in s
+assert ", 0 errors" in s, s
 assert "device side: nothing allocated" in s
 """,
         env={"UMP_ALLOC_MODE": "host"},

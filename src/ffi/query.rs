@@ -534,23 +534,27 @@ pub const UMP_POOL_STAT_VERSION: u32 = 1;
 
 /// Fill `*out` with pool number `index` (0, 1, ...: the host side's pools, then each device's,
 /// one per stream). Returns `UMP_OK`; `UMP_ERR_INVALID` past the last pool (and before the first
-/// allocation); `UMP_ERR_NULL` for a NULL `out`. `out->size` says how many bytes the caller's
-/// struct has (older, smaller structs get the fields they know).
+/// allocation): the end of the list, with a message in `ump_last_error()` but not counted as an
+/// error in `ump_stats`; `UMP_ERR_NULL` for a NULL `out`. `out->size` says how many bytes the
+/// caller's struct has (older, smaller structs get the fields they know).
 ///
 /// # Safety
 /// `out` is NULL or points to at least `out->size` writable bytes (the whole struct when 0).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ump_pool_stat(index: usize, out: *mut ump_pool_stat) -> c_int {
-    status("ump_pool_stat", || {
+    const NAME: &str = "ump_pool_stat";
+    guard(NAME, Status::UMP_ERR_INTERNAL as c_int, || {
         if out.is_null() {
-            return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
+            return super::fail(NAME, Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }
         let reports = allocator::pool_reports();
         let Some(&(device, r)) = reports.get(index) else {
-            return Err(Error::invalid(format!(
-                "no pool {index} ({} pools)",
+            // Walking the list ends here: a caller's loop condition, not a failure to count.
+            error::set_last(&format!(
+                "{NAME}: no pool {index} ({} pools)",
                 reports.len()
-            )));
+            ));
+            return Status::UMP_ERR_INVALID as c_int;
         };
         let host_pools = reports.iter().filter(|x| x.0 < 0).count();
         let full = ump_pool_stat {
@@ -565,7 +569,10 @@ pub unsafe extern "C" fn ump_pool_stat(index: usize, out: *mut ump_pool_stat) ->
             largest_free: r.largest_free as u64,
         };
         // SAFETY: non-NULL; the caller provides `size` bytes (the whole struct when 0).
-        unsafe { write_versioned(out, full) }
+        match unsafe { write_versioned(out, full) } {
+            Ok(()) => Status::UMP_OK as c_int,
+            Err(e) => super::fail(NAME, e),
+        }
     })
 }
 
