@@ -980,11 +980,18 @@ def _fresh_cuda(torch, n, dtype, seed):
     return torch.randint(-(2**30), 2**30, (n,), generator=g).to(dtype).cuda()
 
 
+def _poison_host(nbytes):
+    """Leave freed host-side memory full of 0xA5 bytes, so that a copy that writes nothing shows."""
+    junk = [np.full(nbytes + k * 4096, 0xA5, np.uint8) for k in range(3)]
+    del junk
+
+
 def torch_fast_cpu():
-    """UMP_ALLOC=1: .cpu()/.to("cpu")/.numpy(force=True) of CUDA tensors land in ump-alloc's host
-    side with results bit-equal to PyTorch's own path; autograd, dtype changes, non_blocking and
-    small tensors behave as before. With UMP_ALLOC_TORCH_FAST_CPU=0 (the control) nothing is
-    ours."""
+    """UMP_ALLOC=1: .cpu()/.to(cpu)/.numpy(force=True) of CUDA tensors land in ump-alloc's host
+    side (registered, pinned) with results bit-equal to PyTorch's own path (values, dtype, shape,
+    strides) for every .to() signature; destinations are poisoned first. Autograd gradients,
+    non_blocking (pinned by PyTorch), inference mode, small and non-dense tensors behave as
+    before. With UMP_ALLOC_TORCH_FAST_CPU=0 (the control) nothing is ours."""
     import torch
 
     import ump_alloc
@@ -992,34 +999,104 @@ def torch_fast_cpu():
 
     fast = os.environ.get("UMP_ALLOC_TORCH_FAST_CPU", "1") == "1"
     ump_alloc.enable(cupy=False, torch=True)
+    assert tt.active()["fast_cpu"] == fast, tt.active()
     orig_cpu = tt._orig.get("cpu", torch.Tensor.cpu)
+    orig_to = tt._orig.get("to", torch.Tensor.to)
+    host_kind = ump_alloc.stats()["host_kind"]
+    assert host_kind == _expect_host_kind(), host_kind
     seed = int.from_bytes(os.urandom(2), "little")
+
+    def same(got, want, what, ours=fast):
+        assert got.device.type == "cpu", what
+        assert (got.dtype, got.shape, got.stride()) == (want.dtype, want.shape, want.stride()), (
+            what, got.dtype, got.shape, got.stride(), want.stride())
+        assert torch.equal(got, want), what
+        assert got.requires_grad == want.requires_grad, what
+        ident = ump_alloc.identify(got)
+        assert ident.ours == ours, (what, ident)
+        if ours:
+            assert ident.kind == host_kind, (what, ident)
+
     for i, dtype in enumerate((torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.float16)):
         t = _fresh_cuda(torch, (3 << 20) + 7, dtype, seed + i).view(-1)
         ref = orig_cpu(t)
-        for name, got in (("cpu", t.cpu()), ("to", t.to("cpu")), ("to device", t.to(torch.device("cpu"))),
-                          ("2d", t[: (3 << 20)].view(1024, -1).cpu())):
+        cases = (("cpu", lambda: t.cpu()), ("to", lambda: t.to("cpu")),
+                 ("to device", lambda: t.to(torch.device("cpu"))),
+                 ("2d", lambda: t[: (3 << 20)].view(1024, -1).cpu()))
+        for name, make in cases:
+            _poison_host(t.nbytes)
+            got = make()
             want = ref if name != "2d" else ref[: (3 << 20)].view(1024, -1)
-            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), (name, dtype)
-            assert got.device.type == "cpu" and got.is_contiguous()
-            assert ump_alloc.identify(got).ours == fast, (name, dtype, ump_alloc.identify(got))
+            same(got, want, (name, dtype))
         if dtype != torch.bfloat16:  # NumPy has no bfloat16: PyTorch refuses .numpy() itself
+            _poison_host(t.nbytes)
             n = t.numpy(force=True)
             assert np.array_equal(n, ref.numpy()) and ump_alloc.identify(n).ours == fast
+    # Every .to() signature that lands on the CPU, against PyTorch's own .to() with the same arguments.
     t = _fresh_cuda(torch, 1 << 21, torch.float32, seed)
-    conv = t.to("cpu", torch.float16)
-    assert conv.dtype == torch.float16 and torch.equal(conv, orig_cpu(t).to(torch.float16))
-    assert not ump_alloc.identify(t[:100].cpu()).ours, "small tensors keep PyTorch's path"
+    other = torch.zeros(3, dtype=torch.float64)
+    signatures = [
+        (("cpu", torch.float16), {}), (("cpu",), {"dtype": torch.float64}),
+        (("cpu", torch.float16, False), {}),  # nn.Module.to's call
+        (("cpu", torch.float16, False, True), {}),  # copy by position
+        (("cpu",), {"copy": True}), ((), {"device": "cpu", "dtype": torch.int32, "copy": True}),
+        (("cpu",), {"memory_format": torch.preserve_format}), ((other,), {}), ((other, False, True), {}),
+        (("cpu:0",), {}),
+    ]
+    for args, kwargs in signatures:
+        _poison_host(t.nbytes * 2)
+        same(t.to(*args, **kwargs), orig_to(t, *args, **kwargs), ("to", args, kwargs))
+    for bad_args, bad_kwargs in ((("cpu", torch.float16, False, True, 5), {}), (("cpu", torch.float16, False, True), {"copy": True})):
+        try:
+            t.to(*bad_args, **bad_kwargs)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError(f"to{bad_args} {bad_kwargs} must raise PyTorch's TypeError")
+    same(t[:100].cpu(), orig_cpu(t[:100]), "small", ours=False)
     nb = t.to("cpu", non_blocking=True)
     torch.cuda.synchronize()
-    assert torch.equal(nb, orig_cpu(t)) and not ump_alloc.identify(nb).ours, "non_blocking keeps PyTorch's pinned path"
-    # Autograd: gradients through .cpu() are PyTorch's own.
-    w = torch.randn(1 << 20, device="cuda", requires_grad=True)
-    (w * 3).cpu().sum().backward()
-    assert torch.equal(w.grad, torch.full_like(w, 3.0))
-    m = _fresh_cuda(torch, 1 << 22, torch.float32, seed).view(2048, 2048).t()  # not contiguous
-    assert torch.equal(m.cpu(), orig_cpu(m)) and not ump_alloc.identify(m.cpu()).ours
-    print(f"fast .cpu(): {'on' if fast else 'off (control)'}")
+    assert nb.is_pinned(), "non_blocking=True: PyTorch's pinned destination"
+    same(nb, orig_cpu(t), "non_blocking", ours=False)
+    # Layouts: dense ones keep their exact strides (channels-last, transposed, odd size-1
+    # strides), as PyTorch's empty_strided does; gapped views take PyTorch's path.
+    x = _fresh_cuda(torch, 8 * 64 * 32 * 32, torch.float32, seed + 7)
+    layouts = {
+        "channels_last": x.view(8, 64, 32, 32).to(memory_format=torch.channels_last),
+        "transposed": x.view(2048, 256).t(),
+        "size-1 stride": x.as_strided((2048, 1, 256), (256, 7, 1)),
+    }
+    for name, v in layouts.items():
+        _poison_host(v.nbytes)
+        same(v.cpu(), orig_cpu(v), name)
+        n = v.numpy(force=True)
+        assert n.strides == orig_cpu(v).numpy().strides and np.array_equal(n, orig_cpu(v).numpy()), name
+    cl = layouts["channels_last"]
+    same(cl.cpu(memory_format=torch.contiguous_format), orig_cpu(cl, memory_format=torch.contiguous_format),
+         "explicit memory_format", ours=False)
+    same(cl.to("cpu", memory_format=torch.contiguous_format),
+         orig_to(cl, "cpu", memory_format=torch.contiguous_format), "explicit memory_format .to", ours=False)
+    same(x[::2].cpu(), orig_cpu(x[::2]), "gapped", ours=False)
+    # Autograd: a source autograd tracks takes PyTorch's path, gradients equal bit for bit.
+    w0 = torch.randn(1 << 20, device="cuda")
+    k = torch.randn(1 << 20)
+    grads = []
+    for cpu in (torch.Tensor.cpu, orig_cpu):
+        w = w0.clone().requires_grad_()
+        y = cpu(w * w)
+        assert y.requires_grad and y.grad_fn is not None
+        (y * k).sum().backward()
+        grads.append(w.grad)
+    assert torch.equal(grads[0], grads[1]), "gradients through the patched .cpu() are PyTorch's"
+    assert torch.allclose(grads[0], 2 * w0 * k.cuda())
+    w = w0.clone().requires_grad_()
+    with torch.no_grad():
+        same(w.cpu(), orig_cpu(w), "no_grad")  # not tracked: fast, requires_grad False
+    with torch.inference_mode():
+        got, want = t.cpu(), orig_cpu(t)
+        assert got.is_inference() == want.is_inference()
+        same(got, want, "inference_mode")
+    print(f"fast .cpu(): {'on' if fast else 'off (control)'}; host side {host_kind}")
 
 
 def torch_unified():
@@ -1058,6 +1135,30 @@ def torch_unified():
         assert torch.equal(back, g.to("cpu", copy=True)), "the CPU view follows GPU writes"
     r = torch.randn(1 << 20, device="cuda", requires_grad=True)
     assert r.to("cpu").data_ptr() != r.data_ptr(), "autograd-tracked tensors copy"
+    rc = r.to("cpu")
+    (rc * 2).sum().backward()
+    assert torch.equal(r.grad, torch.full_like(r, 2.0)), "gradients flow back through the copy"
+    # CPU writes show on the GPU side, and GPU writes on the CPU side, only when unified.
+    h2 = torch.from_numpy(rng.random(1 << 20, dtype=np.float32))
+    c2 = h2.to("cuda")
+    h2[:1000] = 5.0
+    assert bool((c2[:1000] == 5.0).all()) == unified, "a CPU write through the source"
+    if same:
+        back[:1000] = -7.0
+        assert bool((g[:1000] == -7.0).all()), "a CPU write through the view must show on the GPU"
+    # bfloat16 has no array-interface type: copies.
+    hb = torch.from_numpy(rng.random(1 << 20, dtype=np.float32)).to(torch.bfloat16)
+    assert hb.to("cuda").data_ptr() != hb.data_ptr()
+    # Lifetime: the CUDA view keeps the NumPy memory alive after every CPU reference is gone.
+    a3 = rng.random(1 << 20, dtype=np.float32)
+    want = a3.copy()
+    c3 = torch.from_numpy(a3).to("cuda")
+    del a3
+    import gc
+
+    gc.collect()
+    _poison_host(want.nbytes)
+    assert np.array_equal(c3.cpu().numpy(), want), "the view's memory was reused while it lived"
     print(f"unified: {'on' if unified else 'off (control)'}")
 
 
@@ -1088,3 +1189,34 @@ def cupy_zero_copy():
         cp.cuda.get_current_stream().synchronize()
         assert np.array_equal(h, cp.asnumpy(x)), "a GPU write through the view must show in NumPy"
     print(f"cupy zero-copy: {'on' if on else 'off (control)'}; in {view_in}, out {host_view}")
+
+
+def memory_summary_streams():
+    """memory_summary() and pool_stats() on the GPU: one row per stream pool with what it holds
+    (a freed 64 MiB block cached on a side stream, a live 32 MiB block on the default stream),
+    and no row for a stream that never allocated (the control)."""
+    import torch
+
+    import ump_alloc
+
+    ump_alloc.enable(cupy=False, torch=True)
+    MB = 2**20
+    side, idle = torch.cuda.Stream(), torch.cuda.Stream()
+    keep = torch.empty(32 * MB, dtype=torch.uint8, device="cuda").fill_(7)
+    with torch.cuda.stream(side):
+        gone = torch.empty(64 * MB, dtype=torch.uint8, device="cuda").fill_(1)
+        del gone
+    torch.cuda.synchronize()
+    pools = {p["stream"]: p for p in ump_alloc.pool_stats() if p["device"] == 0}
+    assert side.cuda_stream in pools and 0 in pools, pools
+    assert idle.cuda_stream not in pools, "a stream that never allocated has no pool"
+    s = pools[side.cuda_stream]
+    assert s["cached"] >= 64 * MB and s["largest_free"] >= 64 * MB and not s["retired"], s
+    d = pools[0]
+    assert d["mapped"] - d["cached"] >= 32 * MB, d
+    text = ump_alloc.memory_summary()
+    print(text)
+    assert f"stream {side.cuda_stream:#x}" in text and "stream legacy default" in text
+    assert f"stream {idle.cuda_stream:#x}" not in text
+    assert "device 0 (" in text and "device side: nothing allocated" not in text
+    assert int(keep[::MB].sum()) == 7 * 32

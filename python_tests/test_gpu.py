@@ -236,3 +236,8 @@ def test_cupy_zero_copy(mode, on):
     if mode not in supported_modes():
         pytest.skip(f"{mode} not supported here")
     check("cupy_zero_copy", mode, {"UMP_ALLOC_CUPY_ZERO_COPY": on})
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_memory_summary_streams(mode):
+    check("memory_summary_streams", mode)

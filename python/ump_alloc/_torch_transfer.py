@@ -7,9 +7,13 @@ copy runs at PCIe DMA speed instead of through pageable memory (measured on the 
 3 GB/s). The result is a new tensor, as before (``copy_`` into it is what PyTorch's own
 ``_to_copy`` does). The original path is kept wherever the result could differ or the win is
 nil: tensors below 1 MiB, ``non_blocking=True`` (PyTorch pins that destination itself and tracks
-it with events), autograd (a source that requires grad with grad mode on), non-contiguous,
-conjugated or negated views, tensor subclasses, other memory formats, and while tracing or
-compiling. ``torch.from_numpy(a).cuda()`` needs nothing: ``a`` is already pinned.
+it with events), autograd (a source that requires grad with grad mode on), overlapping or
+gapped views (PyTorch's ``preserve_format`` makes those contiguous), conjugated or negated
+views, tensor subclasses, an explicit ``memory_format``, and while tracing or compiling. Dense
+sources of any layout (contiguous, channels-last, transposed) keep their exact strides, as
+PyTorch's ``empty_strided`` does. The result's storage is NumPy's buffer, which PyTorch cannot
+resize (``resize_`` to a larger size raises). ``torch.from_numpy(a).cuda()`` needs nothing:
+``a`` is already pinned.
 
 **Unified ``.to()``** (``UMP_ALLOC_TORCH_UNIFIED=1``, off by default; pytorch/rfcs#36): ``.to()``
 that only changes the device returns a tensor on *the same memory* when both processors reach it:
@@ -73,7 +77,7 @@ def _plain_cuda(t, torch) -> bool:
     return (
         type(t) is torch.Tensor
         and t.is_cuda
-        and t.is_contiguous()
+        and _dense(t.shape, t.stride())
         and not t.is_conj()
         and not t.is_neg()
         and not (t.requires_grad and torch.is_grad_enabled())
@@ -91,8 +95,21 @@ def _tracing(torch) -> bool:
         return True
 
 
-def _host_empty(shape, dtype, torch):
-    """An empty CPU tensor over ump-alloc's host side (a NumPy uint8 buffer viewed as dtype)."""
+def _dense(shape, stride) -> bool:
+    """Whether a layout covers exactly ``numel`` elements with no overlap and no gap (PyTorch's
+    ``is_non_overlapping_and_dense``): then ``preserve_format`` keeps these very strides."""
+    dims = sorted((st, sz) for sz, st in zip(shape, stride) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
+def _host_empty(shape, stride, dtype, torch):
+    """An empty CPU tensor with ``shape`` and (dense) ``stride`` over ump-alloc's host side: a
+    NumPy uint8 buffer's storage, set as the tensor's storage (not a view of another tensor)."""
     import numpy as np
 
     from . import _numpy
@@ -100,7 +117,8 @@ def _host_empty(shape, dtype, torch):
     nbytes = _numel(shape) * (dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size())
     with _numpy.handler_class():
         buf = np.empty(nbytes, np.uint8)
-    return torch.from_numpy(buf).view(dtype).view(shape)
+    storage = torch.from_numpy(buf).untyped_storage()  # keeps `buf` (and its memory) alive
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape), tuple(stride))
 
 
 def _numel(shape) -> int:
@@ -116,7 +134,7 @@ def _fast_copy_to_cpu(self, dtype, torch):
     dtype = dtype or self.dtype
     if self.nbytes < MIN_BYTES:
         return None
-    dst = _host_empty(self.shape, dtype, torch)
+    dst = _host_empty(self.shape, self.stride(), dtype, torch)
     dst.copy_(self)  # synchronous: the data is there when this returns, as with .cpu()
     return dst
 
@@ -214,11 +232,14 @@ def _to(self, *args, **kwargs):
         # .to(dtype), .to("cuda"), small tensors: PyTorch's own path with one check.
         return _orig["to"](self, *args, **kwargs)
     try:
-        copy = bool(kwargs.get("copy", False))
-        if len(args) >= 4 or (len(args) >= 3 and not isinstance(args[0], torch.Tensor)):
-            return _orig["to"](self, *args, **kwargs)  # copy given by position: leave it alone
+        # copy is the argument after non_blocking: 4th of to(device, dtype, non_blocking, copy),
+        # 3rd of to(dtype, non_blocking, copy) and to(other, non_blocking, copy).
+        at = 2 if args and isinstance(args[0], (torch.dtype, torch.Tensor)) else 3
+        copy = bool(args[at]) if len(args) > at else bool(kwargs.get("copy", False))
+        if len(args) > at + 1 or (len(args) > at and "copy" in kwargs):
+            return _orig["to"](self, *args, **kwargs)  # PyTorch's own error
         kw = {k: v for k, v in kwargs.items() if k != "copy"}
-        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kw)
+        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args[:at], **kw)
     except Exception:  # noqa: BLE001 - PyTorch's own error message is the right one
         return _orig["to"](self, *args, **kwargs)
     if device is None or non_blocking or memory_format not in (None, torch.preserve_format):

@@ -1,0 +1,43 @@
+"""The PyTorch transfer switches on the CPU: strict 0/1 values, shown by ``python -m ump_alloc
+info``, and the layout rule the fast ``.cpu()`` uses (no PyTorch needed)."""
+
+import pytest
+
+from conftest import run_python
+from ump_alloc import _torch_transfer as tt
+
+SWITCHES = ("UMP_ALLOC_TORCH_FAST_CPU", "UMP_ALLOC_TORCH_UNIFIED")
+
+
+@pytest.mark.parametrize("var", SWITCHES)
+@pytest.mark.parametrize("bad", ["yes", "2", "true", "01"])
+def test_switch_values_are_strict(var, bad):
+    r = run_python("import ump_alloc; ump_alloc.enable()", env={var: bad}, check=False)
+    assert r.returncode != 0, r.stdout
+    assert var in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("var", SWITCHES)
+@pytest.mark.parametrize("good", ["0", "1"])
+def test_switch_values_accepted_and_shown(var, good):
+    r = run_python("import ump_alloc.__main__ as m; m.main(['info'])", env={var: good})
+    (line,) = [x for x in r.stdout.splitlines() if var in x]
+    assert good in line.replace(var, ""), line
+
+
+@pytest.mark.parametrize(
+    "shape, stride, dense",
+    [
+        ((4, 5), (5, 1), True),  # contiguous
+        ((4, 5), (1, 4), True),  # transposed
+        ((8, 3, 4, 4), (48, 1, 12, 3), True),  # channels-last
+        ((4, 1, 5), (5, 7, 1), True),  # a size-1 dimension's stride does not matter
+        ((), (), True),
+        ((4, 5), (10, 1), False),  # a gap between rows
+        ((4, 5), (2, 1), False),  # overlapping rows
+        ((4, 5), (5, 2), False),  # every other element
+        ((3, 4), (0, 1), False),  # broadcast
+    ],
+)
+def test_dense_layouts(shape, stride, dense):
+    assert tt._dense(shape, stride) is dense
