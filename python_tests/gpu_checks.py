@@ -1219,4 +1219,5 @@ def memory_summary_streams():
     assert f"stream {side.cuda_stream:#x}" in text and "stream legacy default" in text
     assert f"stream {idle.cuda_stream:#x}" not in text
     assert "device 0 (" in text and "device side: nothing allocated" not in text
+    assert ", 0 errors" in text, "walking the pool list is not an error"
     assert int(keep[::MB].sum()) == 7 * 32
