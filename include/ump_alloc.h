@@ -320,18 +320,23 @@ void *ump_cupy_malloc(void *param, size_t size, int device_id);
 // pointer or a double free is ignored and counted.
 void ump_cupy_free(void *param, void *ptr, int device_id);
 
-// Hand over what the CuPy fast path calls: `call_obj_args`, `decref` and `tuple_get_item`
-// are CPython's `PyObject_CallFunctionObjArgs`, `Py_DecRef` and `PyTuple_GetItem`;
-// `current_stream` is CuPy's `get_current_stream_ptr` C function (from
-// `cupy.cuda.stream.__pyx_capi__`). Called once by `ump_alloc`; later calls must pass the same
-// functions. Returns `UMP_OK`, or `UMP_ERR_INVALID` for a NULL or a different function.
+// Hand over what the CuPy fast path calls: `call_obj_args`, `decref`, `tuple_get_item` and
+// `long_from_long` are CPython's `PyObject_CallFunctionObjArgs`, `Py_DecRef`,
+// `PyTuple_GetItem` and `PyLong_FromLong`; `current_stream` is CuPy's `get_current_stream_ptr`
+// C function and `device_id` CuPy's `get_device_id` (from the modules' `__pyx_capi__`).
+// `long_from_long` and `device_id` may both be NULL (then only `ump_cupy_allocator` works,
+// not `ump_cupy_allocator_direct`). Called once by `ump_alloc`; later calls must pass the same
+// functions. Returns `UMP_OK`, or `UMP_ERR_INVALID` for a NULL, only one of the last two, or
+// different functions than before.
 //
 // # Safety
-// Each address is that function, in this process.
+// Each non-NULL address is that function, in this process.
 int ump_cupy_fast_path_init(const void *call_obj_args,
                             const void *decref,
                             const void *tuple_get_item,
-                            const void *current_stream);
+                            const void *current_stream,
+                            const void *long_from_long,
+                            const void *device_id);
 
 // CuPy's allocator, as a Python builtin with one argument (`METH_O`): `self_` is the tuple
 // `(malloc, raise_oom)`, where `malloc` is the bound `CFunctionAllocator.malloc` of an
@@ -342,6 +347,21 @@ int ump_cupy_fast_path_init(const void *call_obj_args,
 // # Safety
 // Called by CPython with the GIL held, after `ump_cupy_fast_path_init`.
 void *ump_cupy_allocator(void *self_, void *size);
+
+// CuPy's allocator, as a Python builtin with one argument (`METH_O`), making CuPy's objects
+// itself: `self_` is the tuple `(raise_oom, CFunctionAllocatorMemory, MemoryPointer, param,
+// malloc, free, 0)` (the last four as Python ints: `UMP_CUPY_CURRENT_STREAM`, the addresses
+// of `ump_cupy_malloc` and `ump_cupy_free`, zero). Returns
+// `MemoryPointer(CFunctionAllocatorMemory(size, param, malloc, free, device), 0)` with
+// CuPy's current device, what `CFunctionAllocator.malloc` returns, without its bound-method
+// call and its two new Python ints per allocation; or NULL with a Python exception set
+// (`raise_oom(size)` when the allocation failed). Needs `ump_cupy_fast_path_init` with
+// `long_from_long` and `device_id`. Python makes the callable with `PyCFunction_NewEx`; it is
+// not for C callers.
+//
+// # Safety
+// Called by CPython with the GIL held, after `ump_cupy_fast_path_init`.
+void *ump_cupy_allocator_direct(void *self_, void *size);
 
 // Allocate `size` bytes aligned to the configured alignment (512 by default). `size == 0`
 // returns a unique pointer that must be freed. Returns NULL (errno ENOMEM, message in

@@ -44,6 +44,16 @@ def info() -> int:
                   "arrays made before the fork")
     else:
         print(f"  why: {caps['mode_reason']}")
+    try:
+        import cupy  # noqa: F401
+    except Exception:  # noqa: BLE001 - no CuPy here: nothing to say
+        return 0
+    from ump_alloc import _cupy
+
+    try:
+        print(f"CuPy allocator: {_cupy.describe()}")
+    except Exception as e:  # noqa: BLE001 - info must not fail
+        print(f"CuPy allocator: unknown ({e})")
     return 0
 
 

@@ -204,7 +204,7 @@ SIGNATURES = {
     "ump_free": (None, [c_void_p, c_size_t]),
     "ump_cupy_malloc": (c_void_p, [c_void_p, c_size_t, c_int]),
     "ump_cupy_free": (None, [c_void_p, c_void_p, c_int]),
-    "ump_cupy_fast_path_init": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),
+    "ump_cupy_fast_path_init": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
     "ump_pool_stat": (c_int, [c_size_t, c_void_p]),
     "ump_torch_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
     "ump_torch_record_stream": (c_int, [c_void_p, c_void_p]),

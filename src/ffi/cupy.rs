@@ -4,12 +4,14 @@
 //!
 //! - **The fast path** (what `ump_alloc` installs): `param` is `UMP_CUPY_CURRENT_STREAM`. The
 //!   block is made for CuPy's current stream, read from CuPy's own C function
-//!   (`cupy.cuda.stream.get_current_stream_ptr`), and freed into the pool of that stream, as
-//!   CuPy's own pool does. `ump_cupy_allocator` is a Python callable implemented here (CuPy's
-//!   allocator is a Python callable): it calls the `CFunctionAllocator`'s `malloc` and, when
-//!   that failed, raises `cupy.cuda.memory.OutOfMemoryError` through a Python function, so no
-//!   Python code runs on a successful allocation. `ump_cupy_fast_path_init` hands over the few
-//!   Python/CuPy C functions this needs (see `crate::prim::python`).
+//!   (`get_current_stream_ptr`), and freed into the pool of that stream, as CuPy's own pool
+//!   does. CuPy's allocator is a Python callable; two are implemented here, made by Python
+//!   with `PyCFunction_NewEx`: `ump_cupy_allocator_direct` makes CuPy's
+//!   `CFunctionAllocatorMemory` and `MemoryPointer` itself (what `CFunctionAllocator.malloc`
+//!   does), `ump_cupy_allocator` calls a `CFunctionAllocator`'s `malloc`. When the allocation
+//!   failed, either raises `cupy.cuda.memory.OutOfMemoryError` through a Python function, so
+//!   no Python code runs on a successful allocation. `ump_cupy_fast_path_init` hands over the
+//!   few Python/CuPy C functions this needs (see `crate::prim::python`).
 //! - **One allocator per stream** (C callers, or CuPy without the C function): `param` is the
 //!   stream's handle (`Stream.ptr`; 0: the legacy default stream), and CuPy's free hands it back.
 //!
@@ -50,13 +52,20 @@ pub extern "C" fn ump_cupy_malloc(
 ) -> *mut c_void {
     guard("ump_cupy_malloc", null_mut(), || {
         let stream = if is_current_stream(param) {
-            match python::api() {
-                // SAFETY: CuPy calls its allocator with the GIL held.
-                Some(api) => unsafe { api.cupy_current_stream() },
+            let Some(api) = python::api() else {
+                FAILED.set(true);
+                error::report(&Error::invalid(
+                    "ump_cupy_malloc: UMP_CUPY_CURRENT_STREAM needs ump_cupy_fast_path_init",
+                ));
+                return null_mut();
+            };
+            // SAFETY: CuPy calls its allocator with the GIL held.
+            match unsafe { api.cupy_current_stream() } {
+                Some(s) => s,
                 None => {
                     FAILED.set(true);
                     error::report(&Error::invalid(
-                        "ump_cupy_malloc: UMP_CUPY_CURRENT_STREAM needs ump_cupy_fast_path_init",
+                        "ump_cupy_malloc: CuPy's get_current_stream_ptr failed",
                     ));
                     return null_mut();
                 }
@@ -89,32 +98,37 @@ pub extern "C" fn ump_cupy_free(param: *mut c_void, ptr: *mut c_void, device_id:
     })
 }
 
-/// Hand over what the CuPy fast path calls: `call_obj_args`, `decref` and `tuple_get_item`
-/// are CPython's `PyObject_CallFunctionObjArgs`, `Py_DecRef` and `PyTuple_GetItem`;
-/// `current_stream` is CuPy's `get_current_stream_ptr` C function (from
-/// `cupy.cuda.stream.__pyx_capi__`). Called once by `ump_alloc`; later calls must pass the same
-/// functions. Returns `UMP_OK`, or `UMP_ERR_INVALID` for a NULL or a different function.
+/// Hand over what the CuPy fast path calls: `call_obj_args`, `decref`, `tuple_get_item` and
+/// `long_from_long` are CPython's `PyObject_CallFunctionObjArgs`, `Py_DecRef`,
+/// `PyTuple_GetItem` and `PyLong_FromLong`; `current_stream` is CuPy's `get_current_stream_ptr`
+/// C function and `device_id` CuPy's `get_device_id` (from the modules' `__pyx_capi__`).
+/// `long_from_long` and `device_id` may both be NULL (then only `ump_cupy_allocator` works,
+/// not `ump_cupy_allocator_direct`). Called once by `ump_alloc`; later calls must pass the same
+/// functions. Returns `UMP_OK`, or `UMP_ERR_INVALID` for a NULL, only one of the last two, or
+/// different functions than before.
 ///
 /// # Safety
-/// Each address is that function, in this process.
+/// Each non-NULL address is that function, in this process.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ump_cupy_fast_path_init(
     call_obj_args: *const c_void,
     decref: *const c_void,
     tuple_get_item: *const c_void,
     current_stream: *const c_void,
+    long_from_long: *const c_void,
+    device_id: *const c_void,
 ) -> c_int {
     status("ump_cupy_fast_path_init", || {
-        // SAFETY: per this function's contract.
-        let ok = unsafe {
-            python::init(
-                call_obj_args as usize,
-                decref as usize,
-                tuple_get_item as usize,
-                current_stream as usize,
-            )
+        let a = python::Addresses {
+            call: call_obj_args as usize,
+            decref: decref as usize,
+            tuple_get: tuple_get_item as usize,
+            current_stream: current_stream as usize,
+            long_from_long: long_from_long as usize,
+            device_id: device_id as usize,
         };
-        if ok {
+        // SAFETY: per this function's contract.
+        if unsafe { python::init(a) } {
             Ok(())
         } else {
             Err(Error::invalid(
@@ -134,23 +148,81 @@ pub unsafe extern "C" fn ump_cupy_fast_path_init(
 /// Called by CPython with the GIL held, after `ump_cupy_fast_path_init`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ump_cupy_allocator(self_: *mut c_void, size: *mut c_void) -> *mut c_void {
-    let Some(api) = python::api() else {
-        return null_mut(); // never installed without the API; CPython reports a SystemError
-    };
-    // SAFETY: under the GIL (CPython called us); `self_` is the tuple the callable was made
-    // with, kept alive by the callable; `size` is a live argument.
-    unsafe {
-        let malloc = api.tuple_item(self_, 0);
-        let raise_oom = api.tuple_item(self_, 1);
-        if malloc.is_null() || raise_oom.is_null() {
-            return null_mut();
+    guard("ump_cupy_allocator", null_mut(), || {
+        let Some(api) = python::api() else {
+            return null_mut(); // never installed without the API; CPython reports a SystemError
+        };
+        // SAFETY: under the GIL (CPython called us); `self_` is the tuple the callable was
+        // made with, kept alive by the callable; `size` is a live argument.
+        unsafe {
+            let malloc = api.tuple_item(self_, 0);
+            let raise_oom = api.tuple_item(self_, 1);
+            if malloc.is_null() || raise_oom.is_null() {
+                return null_mut();
+            }
+            FAILED.set(false);
+            let mem = api.call1(malloc, size);
+            if mem.is_null() || !FAILED.get() {
+                return mem;
+            }
+            api.decref(mem);
+            api.call1(raise_oom, size)
         }
-        FAILED.set(false);
-        let mem = api.call1(malloc, size);
-        if mem.is_null() || !FAILED.get() {
-            return mem;
+    })
+}
+
+/// CuPy's allocator, as a Python builtin with one argument (`METH_O`), making CuPy's objects
+/// itself: `self_` is the tuple `(raise_oom, CFunctionAllocatorMemory, MemoryPointer, param,
+/// malloc, free, 0)` (the last four as Python ints: `UMP_CUPY_CURRENT_STREAM`, the addresses
+/// of `ump_cupy_malloc` and `ump_cupy_free`, zero). Returns
+/// `MemoryPointer(CFunctionAllocatorMemory(size, param, malloc, free, device), 0)` with
+/// CuPy's current device, what `CFunctionAllocator.malloc` returns, without its bound-method
+/// call and its two new Python ints per allocation; or NULL with a Python exception set
+/// (`raise_oom(size)` when the allocation failed). Needs `ump_cupy_fast_path_init` with
+/// `long_from_long` and `device_id`. Python makes the callable with `PyCFunction_NewEx`; it is
+/// not for C callers.
+///
+/// # Safety
+/// Called by CPython with the GIL held, after `ump_cupy_fast_path_init`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_cupy_allocator_direct(
+    self_: *mut c_void,
+    size: *mut c_void,
+) -> *mut c_void {
+    guard("ump_cupy_allocator_direct", null_mut(), || {
+        let Some(api) = python::api().filter(|a| a.has_direct()) else {
+            return null_mut(); // never installed without the API; CPython reports a SystemError
+        };
+        // SAFETY: under the GIL (CPython called us); `self_` is the tuple the callable was
+        // made with, kept alive by the callable; `size` is a live argument; each new
+        // reference is dropped once.
+        unsafe {
+            let item = |i| api.tuple_item(self_, i);
+            let (raise_oom, mem_type, ptr_type) = (item(0), item(1), item(2));
+            let (param, malloc, free, zero) = (item(3), item(4), item(5), item(6));
+            if [raise_oom, mem_type, ptr_type, param, malloc, free, zero]
+                .iter()
+                .any(|o| o.is_null())
+            {
+                return null_mut();
+            }
+            let device = api.cupy_device_id();
+            if device.is_null() {
+                return null_mut();
+            }
+            FAILED.set(false);
+            let mem = api.call5(mem_type, [size, param, malloc, free, device]);
+            api.decref(device);
+            if mem.is_null() {
+                return null_mut();
+            }
+            if FAILED.get() {
+                api.decref(mem);
+                return api.call1(raise_oom, size);
+            }
+            let ptr = api.call2(ptr_type, mem, zero);
+            api.decref(mem);
+            ptr
         }
-        api.decref(mem);
-        api.call1(raise_oom, size)
-    }
+    })
 }

@@ -1089,8 +1089,16 @@ static void test_gpu_entry_points(void) {
     CHECK(ump_error_count() == e0 + 1, "fast-path param before set-up: error count +%" PRIu64,
           ump_error_count() - e0);
     ump_cupy_free((void *)(intptr_t)UMP_CUPY_CURRENT_STREAM, NULL, 0);
-    CHECK(ump_cupy_fast_path_init(NULL, NULL, NULL, NULL) == UMP_ERR_INVALID,
+    CHECK(ump_cupy_fast_path_init(NULL, NULL, NULL, NULL, NULL, NULL) == UMP_ERR_INVALID,
           "ump_cupy_fast_path_init(NULL...) must be refused");
+    /* Only one of the direct allocator's pair: refused before anything is kept (the
+     * addresses are never called). */
+    CHECK(ump_cupy_fast_path_init(&e0, &e0, &e0, &e0, NULL, &e0) == UMP_ERR_INVALID &&
+              last_err_contains("ump_cupy_fast_path_init"),
+          "ump_cupy_fast_path_init with half the direct pair must be refused");
+    p = ump_cupy_malloc((void *)(intptr_t)UMP_CUPY_CURRENT_STREAM, 1024, 0);
+    CHECK(p == NULL && last_err_contains("ump_cupy_fast_path_init"),
+          "a refused set-up must leave the fast path unset: %p", p);
     CHECK(ump_torch_record_stream(NULL, NULL) == UMP_ERR_INVALID, "record_stream(NULL)");
     CHECK(ump_torch_record_stream(&e0, NULL) != UMP_OK, "record_stream(foreign)");
     CHECK(ump_torch_set_memory_fraction(1.5, 0) == UMP_ERR_INVALID, "fraction 1.5");
