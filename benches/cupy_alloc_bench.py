@@ -1,11 +1,18 @@
-"""CuPy allocation latency: alloc+free through CuPy's default pool, ump-alloc's C fast path and
-ump-alloc's Python fallback, side by side in one process (the allocator is switched between
-rounds, rounds interleaved; medians of the rounds).
+"""CuPy allocation latency: alloc+free through CuPy's default pool and ump-alloc's allocators,
+side by side in one process (the allocator is switched between rounds, rounds interleaved;
+medians of the rounds).
 
-    python benches/cupy_alloc_bench.py [--n 200000] [--rounds 7] [--sizes 256,4096,1048576]
+    python benches/cupy_alloc_bench.py [--n 200000] [--rounds 7] [--sizes 256,4096,1048576] [--detail]
 
-Pin it to one core for stable numbers (``taskset -c 3``). Exits 0 with a message without a GPU
-or CuPy.
+Columns: ``cupy pool`` (CuPy's default MemoryPool), ``ump direct`` (the builtin that makes
+CuPy's objects itself, what ``enable()`` installs), ``ump bound`` (the builtin calling a
+``CFunctionAllocator.malloc``), ``ump python`` (the Python fallback), ``C floor`` (CuPy's own
+cost around a C allocator whose functions do nothing). ``--detail`` adds the pieces: the
+builtin over the do-nothing functions, ump-alloc's ``CFunctionAllocator`` without a builtin,
+the do-nothing functions plus a read of CuPy's current stream (through ``cupy.cuda.stream``'s
+and ``cupy_backends``' C functions), and plain C loops of ``ump_cupy_malloc``/``ump_cupy_free``
+pairs. Pin it to one core for stable numbers (``taskset -c 3``). Exits 0 with a message
+without a GPU or CuPy (or without a C compiler, for the floor and the details).
 """
 
 from __future__ import annotations
@@ -15,17 +22,35 @@ import statistics
 import sys
 import time
 
-
 _TRIVIAL_C = r"""
 #include <stddef.h>
+#include <stdint.h>
+#include <time.h>
 static char buf[1 << 20];
+static intptr_t (*cur)(int);
+volatile intptr_t triv_sink;
+void triv_set(void *f) { cur = (intptr_t (*)(int))f; }
 void *triv_malloc(void *p, size_t s, int d) { (void)p; (void)s; (void)d; return buf; }
 void triv_free(void *p, void *q, int d) { (void)p; (void)q; (void)d; }
+void *triv_malloc_stream(void *p, size_t s, int d) { (void)p; (void)s; (void)d; triv_sink = cur(1); return buf; }
+typedef void *(*m_t)(void *, size_t, int);
+typedef void (*f_t)(void *, void *, int);
+double triv_loop(void *m, void *f, void *param, size_t size, long n) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (long i = 0; i < n; i++) {
+        void *q = ((m_t)m)(param, size, 0);
+        if (!q) return -1.0;
+        ((f_t)f)(param, q, 0);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return ((double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec)) / (double)n;
+}
 """
 
 
-def _floor_allocator(cp):
-    """A CFunctionAllocator over C functions that do nothing (built with cc if present)."""
+def _trivial_lib():
+    """The do-nothing C allocator (built with cc), loaded with the GIL kept held; or None."""
     import ctypes
     import os
     import shutil
@@ -41,9 +66,17 @@ def _floor_allocator(cp):
         f.write(_TRIVIAL_C)
     if subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", so, src]).returncode != 0:
         return None
-    lib = ctypes.CDLL(so)
-    addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
-    return cp.cuda.memory.CFunctionAllocator(0, addr(lib.triv_malloc), addr(lib.triv_free), lib).malloc
+    lib = ctypes.PyDLL(so)  # PyDLL: the GIL stays held (CuPy's stream function needs it)
+    lib.triv_loop.restype = ctypes.c_double
+    lib.triv_loop.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t, ctypes.c_long]
+    lib.triv_set.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def _addr(fn) -> int:
+    import ctypes
+
+    return ctypes.cast(fn, ctypes.c_void_p).value
 
 
 def main() -> int:
@@ -51,6 +84,7 @@ def main() -> int:
     p.add_argument("--n", type=int, default=200_000, help="alloc+free pairs per round")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--sizes", default="256,4096,1048576")
+    p.add_argument("--detail", action="store_true", help="also measure the pieces (see above)")
     args = p.parse_args()
     try:
         import cupy as cp
@@ -60,23 +94,47 @@ def main() -> int:
         print(f"skipped: no CuPy GPU ({e})")
         return 0
     import ump_alloc
-    from ump_alloc import _cupy
+    from ump_alloc import _cupy, _lib
 
     ump_alloc.enable(torch=False)
-    fast = _cupy.allocator()
-    assert _cupy.fast_path(), "the C fast path is not available with this CuPy"
-    slow = _cupy._make_python_allocator(cp)
-    pool = cp.get_default_memory_pool().malloc
-    allocators = {"cupy pool": pool, "ump fast": fast, "ump python": slow}
-    floor = _floor_allocator(cp)
-    if floor is not None:
-        # CuPy's own cost for a C allocator that does nothing: what no C allocator can beat.
-        allocators["C floor"] = floor
+    assert _cupy.fast_path(), f"the C fast path is not available with this CuPy: {_cupy.describe()}"
+    allocators = {
+        "cupy pool": cp.get_default_memory_pool().malloc,
+        "ump direct": _cupy._make_fast_allocator(cp, direct=True),
+        "ump bound": _cupy._make_fast_allocator(cp, direct=False),
+        "ump python": _cupy._make_python_allocator(cp),
+    }
+    assert allocators["ump direct"] is not None, "no direct builtin with this CuPy"
+    triv = _trivial_lib()
+    CFA = cp.cuda.memory.CFunctionAllocator
+    lib = _lib.lib()
+    um, uf = _addr(lib.ump_cupy_malloc), _addr(lib.ump_cupy_free)
+    if triv is not None:
+        allocators["C floor"] = CFA(0, _addr(triv.triv_malloc), _addr(triv.triv_free), triv).malloc
+    loops = {}
+    if args.detail and triv is not None:
+
+        def raise_oom(size):
+            raise MemoryError(size)
+
+        floor = allocators["C floor"]
+        allocators["floor+builtin"] = _cupy._builtin(b"ump_cupy_allocator", (floor, raise_oom))
+        allocators["ump no builtin"] = CFA(_cupy.UMP_CUPY_CURRENT_STREAM, um, uf, lib).malloc
+        for name, mod in (("cupy", "cupy.cuda.stream"), ("backends", "cupy_backends.cuda.stream")):
+            fn = _cupy._capi_function(mod, "get_current_stream_ptr", _cupy._STREAM_SIGS)
+            if fn:
+                # One C function pointer in the trivial library: measured one at a time below.
+                allocators[f"floor+stream({name})"] = (fn, CFA(0, _addr(triv.triv_malloc_stream), _addr(triv.triv_free), triv).malloc)
+        loops = {"C pair param=0": 0, "C pair current": _cupy.UMP_CUPY_CURRENT_STREAM}
     sizes = [int(s) for s in args.sizes.split(",")]
-    res = {(a, s): [] for a in allocators for s in sizes}
+    names = list(allocators) + list(loops)
+    res = {(a, s): [] for a in names for s in sizes}
     alloc = cp.cuda.memory.alloc
     for r in range(args.rounds):
         for name, fn in allocators.items():
+            if isinstance(fn, tuple):
+                triv.triv_set(fn[0])
+                fn = fn[1]
             cp.cuda.set_allocator(fn)
             for s in sizes:
                 for _ in range(1000):
@@ -87,14 +145,22 @@ def main() -> int:
                     m = alloc(s)
                     del m
                 res[(name, s)].append((time.perf_counter() - t) / args.n * 1e9)
+        for name, param in loops.items():
+            for s in sizes:
+                triv.triv_loop(um, uf, param, s, 1000)
+                res[(name, s)].append(triv.triv_loop(um, uf, param, s, args.n))
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
-    cp.cuda.set_allocator(fast)
-    print(f"{'size':>9}  " + "  ".join(f"{a:>11}" for a in allocators) + "  fast/pool  python/pool")
+    cp.cuda.set_allocator(_cupy.allocator())
+    print(f"{'size':>9}  " + "  ".join(f"{a:>14}" for a in names))
     for s in sizes:
-        med = {a: statistics.median(res[(a, s)]) for a in allocators}
-        print(f"{s:>9}  " + "  ".join(f"{med[a]:>8.0f} ns" for a in allocators)
-              + f"  {med['ump fast'] / med['cupy pool']:>9.3f}  {med['ump python'] / med['cupy pool']:>11.3f}")
-    print("(ratios of medians; 'C floor': CuPy's own cost around a C allocator that does nothing)")
+        med = {a: statistics.median(res[(a, s)]) for a in names}
+        print(f"{s:>9}  " + "  ".join(f"{med[a]:>11.0f} ns" for a in names))
+    print("ratios to CuPy's pool (medians):")
+    for s in sizes:
+        med = {a: statistics.median(res[(a, s)]) for a in names}
+        pool = med["cupy pool"]
+        print(f"{s:>9}  " + "  ".join(f"{a} {med[a] / pool:.3f}" for a in ("ump direct", "ump bound", "ump python")))
+    print("(C pair columns: ump_cupy_malloc+ump_cupy_free from a C loop, no CuPy objects)")
     return 0
 
 

@@ -580,7 +580,10 @@ def stream_reuse_cupy():
 
     import ump_alloc
 
+    from ump_alloc import _cupy
+
     ump_alloc.enable(torch=False)
+    assert _cupy.fast_path() and cp.cuda.get_allocator().__name__ == "ump_cupy_allocator_direct"
     s1 = cp.cuda.Stream(non_blocking=True)
     s2 = cp.cuda.Stream(non_blocking=True)
     reused = 0
@@ -931,10 +934,45 @@ def numba_emm():
     print(f"numba {numba.__version__}: EMM plugin ok, memory info {free >> 20}/{total >> 20} MiB")
 
 
+def _cupy_allocator_checks(cp, ump_alloc, label):
+    """Blocks from ump-alloc with right data, same-stream reuse on a side stream, and CuPy's
+    OutOfMemoryError over UMP_ALLOC_LIMIT, through the allocator installed now."""
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    h = rng.integers(0, 2**31, 1 << 20, dtype=np.int64)
+    x = cp.full(h.shape, -1, dtype=cp.int64)  # poisoned
+    x[...] = cp.asarray(h) * 3 + 1
+    assert np.array_equal(cp.asnumpy(x), h * 3 + 1), label
+    assert ump_alloc.identify(x).ours, label
+    tiny = cp.asarray(h[:7])  # a small block (the slab path)
+    assert ump_alloc.identify(tiny).ours and np.array_equal(cp.asnumpy(tiny), h[:7]), label
+    s1 = cp.cuda.Stream(non_blocking=True)
+    with s1:
+        y = cp.empty(1 << 20, dtype=cp.uint8)
+        yp = y.data.ptr
+        del y
+        z = cp.empty(1 << 20, dtype=cp.uint8)
+        assert z.data.ptr == yp, f"{label}: same stream: a freed block is reused at once"
+        del z
+    w = cp.empty(1 << 20, dtype=cp.uint8)  # the default stream: not s1's partly used arena
+    assert w.data.ptr != yp, label
+    assert cp.empty(0, dtype=cp.uint8).data.ptr == 0  # size 0: CuPy's own null block
+    try:
+        cp.empty(1 << 30, dtype=cp.uint8)
+    except cp.cuda.memory.OutOfMemoryError as e:
+        assert "UMP_ALLOC_LIMIT" in str(e), str(e)
+    else:
+        raise AssertionError(f"{label}: no OutOfMemoryError over the limit")
+    # After the error, allocation works again and data is right.
+    v = cp.arange(1000, dtype=cp.int64)
+    assert int(v.sum()) == 999 * 1000 // 2, label
+    del s1
+
+
 def cupy_fast_path():
     """CuPy allocates through the C-implemented allocator (no Python per allocation): blocks
     come from ump-alloc, kernels see right data, a block freed on one stream is reused on that
-    stream, and an OOM still raises CuPy's OutOfMemoryError (run with UMP_ALLOC_LIMIT=256M)."""
+    stream, and an OOM still raises CuPy's OutOfMemoryError (run with UMP_ALLOC_LIMIT=256M).
+    Both builtins: the direct one (installed) and the one over CFunctionAllocator.malloc."""
     import cupy as cp
 
     import ump_alloc
@@ -943,32 +981,78 @@ def cupy_fast_path():
     ump_alloc.enable(torch=False)
     assert _cupy.fast_path(), "the C fast path is not in use"
     a = cp.cuda.get_allocator()
-    assert type(a).__name__ == "builtin_function_or_method" and a.__name__ == "ump_cupy_allocator", a
-    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
-    h = rng.integers(0, 2**31, 1 << 20, dtype=np.int64)
-    x = cp.full(h.shape, -1, dtype=cp.int64)  # poisoned
-    x[...] = cp.asarray(h) * 3 + 1
-    assert np.array_equal(cp.asnumpy(x), h * 3 + 1)
-    assert ump_alloc.identify(x).ours
-    s1 = cp.cuda.Stream(non_blocking=True)
-    with s1:
-        y = cp.empty(1 << 20, dtype=cp.uint8)
-        yp = y.data.ptr
-        del y
-        z = cp.empty(1 << 20, dtype=cp.uint8)
-        assert z.data.ptr == yp, "same stream: a freed block is reused at once"
-        del z
-    w = cp.empty(1 << 20, dtype=cp.uint8)  # the default stream: not s1's partly used arena
-    assert w.data.ptr != yp
-    try:
-        cp.empty(1 << 30, dtype=cp.uint8)
-    except cp.cuda.memory.OutOfMemoryError as e:
-        assert "UMP_ALLOC_LIMIT" in str(e), str(e)
-    else:
-        raise AssertionError("no OutOfMemoryError over the limit")
-    del s1
+    assert type(a).__name__ == "builtin_function_or_method" and a.__name__ == "ump_cupy_allocator_direct", a
+    _cupy_allocator_checks(cp, ump_alloc, "direct")
+    bound = _cupy._make_fast_allocator(cp, direct=False)
+    assert bound.__name__ == "ump_cupy_allocator"
+    cp.cuda.set_allocator(bound)
+    _cupy_allocator_checks(cp, ump_alloc, "bound")
+    cp.cuda.set_allocator(a)
     st = ump_alloc.stats()
-    print(f"fast path ok; streams {st['streams']}")
+    print(f"fast path ok ({_cupy.describe()}); streams {st['streams']}")
+
+
+def cupy_stream_retirement():
+    """A CuPy stream is retired in ump-alloc when CuPy destroys it (the patched Stream.__del__):
+    its pool is marked retired, its idle memory goes back for other streams (mapped memory stays
+    flat over 12 streams of 64 MiB each) and pools are recycled. Control: with CuPy's original
+    __del__, the destroyed stream's pool is not retired."""
+    import cupy as cp
+
+    import ump_alloc
+    from ump_alloc import _cupy
+
+    ump_alloc.enable(torch=False)
+    assert _cupy.fast_path()
+    n = (64 << 20) // 4
+
+    def pool_of(ptr):
+        return [p for p in ump_alloc.pool_stats() if p["device"] == 0 and p["stream"] == ptr]
+
+    def device_mapped():
+        return sum(p["mapped"] for p in ump_alloc.pool_stats() if p["device"] == 0)
+
+    seed = int.from_bytes(os.urandom(2), "little")
+    peak = 0
+    for i in range(12):
+        s = cp.cuda.Stream(non_blocking=True)
+        ptr = s.ptr
+        with s:
+            x = _rand_u32(cp, n, seed + i)
+            want = cp.asnumpy(x)
+            y = x * 2 + 1
+        got = cp.asnumpy(y)
+        assert np.array_equal(got, want * 2 + 1)
+        del x, y
+        s.synchronize()
+        assert pool_of(ptr) and not pool_of(ptr)[0]["retired"]
+        del s  # CuPy destroys the stream; ump-alloc retires it first
+        mine = pool_of(ptr)
+        assert mine and all(p["retired"] for p in mine), f"stream {ptr:#x} not retired: {mine}"
+        assert all(p["mapped"] == 0 for p in mine), f"a retired stream's pool kept memory: {mine}"
+        peak = max(peak, device_mapped())
+    pools = [p for p in ump_alloc.pool_stats() if p["device"] == 0]
+    print(f"retirement: {len(pools)} device pools after 12 streams, peak device mapped {peak >> 20} MiB")
+    assert peak <= 4 * (64 << 20) + (256 << 20), f"mapped memory grew with each stream: {peak}"
+    assert len(pools) <= 6, f"pools of retired streams were not recycled: {len(pools)}"
+
+    # Control: CuPy's own __del__ alone leaves the pool unretired.
+    patched = cp.cuda.Stream.__del__
+    cp.cuda.Stream.__del__ = _cupy._state["stream_del"]
+    try:
+        s = cp.cuda.Stream(non_blocking=True)
+        ptr = s.ptr
+        with s:
+            x = cp.ones(n, cp.uint32)
+        del x
+        s.synchronize()
+        del s
+        mine = pool_of(ptr)
+        assert mine and not any(p["retired"] for p in mine), f"control: retired without the patch: {mine}"
+        _lib_handle().ump_stream_retire(-1, ctypes.c_void_p(ptr))  # what the patch would have done
+    finally:
+        cp.cuda.Stream.__del__ = patched
+    print("control: without the patch the destroyed stream's pool stays live: ok")
 
 
 def _fresh_cuda(torch, n, dtype, seed):
@@ -1188,6 +1272,42 @@ def cupy_zero_copy():
         x *= 3
         cp.cuda.get_current_stream().synchronize()
         assert np.array_equal(h, cp.asnumpy(x)), "a GPU write through the view must show in NumPy"
+    # Stream order: a kernel queued behind a 30 ms spin on a side stream; get() inside the
+    # stream's context must wait for it (a view read too early shows the poison).
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        z = cp.full(1 << 20, -7.0)  # poisoned
+        _spin(s, 30)
+        z[...] = x * 5
+        got = z.get()
+    assert np.array_equal(got, cp.asnumpy(x) * 5), "get() returned before the stream's work was done"
+    assert ump_alloc.is_zero_copy(got, z) == host_view
+    # get(stream=...) from outside the stream's context waits for that stream too.
+    with s:
+        _spin(s, 30)
+        z[...] = x * 6
+    got = z.get(stream=s)
+    assert np.array_equal(got, cp.asnumpy(x) * 6)
+    # out= always copies into the caller's array.
+    out = np.full(1 << 20, np.nan)
+    r = y.get(out=out)
+    assert r is out and np.array_equal(out, h * 2 + 1) and not ump_alloc.is_zero_copy(out, y)
+    # NumPy memory that is not ump-alloc's, or a dtype change: a copy either way.
+    foreign = np.frombuffer(bytearray(h.tobytes()), dtype=np.float64)
+    assert not ump_alloc.identify(foreign).ours
+    fx = cp.asarray(foreign)
+    assert not ump_alloc.is_zero_copy(fx, foreign) and np.array_equal(cp.asnumpy(fx), h)
+    cx = cp.asarray(h, dtype=cp.float32)
+    assert not ump_alloc.is_zero_copy(cx, h) and np.allclose(cp.asnumpy(cx), h.astype(np.float32))
+    # Aliasing of a host view: a later kernel write shows in the earlier view once synchronised.
+    if host_view:
+        y += 1
+        cp.cuda.get_current_stream().synchronize()
+        assert np.array_equal(v, h * 2 + 2), "the host view must alias the GPU array"
+    else:
+        y += 1
+        cp.cuda.get_current_stream().synchronize()
+        assert np.array_equal(v, h * 2 + 1), "a copy must not change"
     print(f"cupy zero-copy: {'on' if on else 'off (control)'}; in {view_in}, out {host_view}")
 
 

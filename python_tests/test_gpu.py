@@ -217,6 +217,11 @@ def test_cupy_fast_path(mode):
     check("cupy_fast_path", mode, {"UMP_ALLOC_LIMIT": "256M"})
 
 
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_cupy_stream_retirement(mode):
+    check("cupy_stream_retirement", mode)
+
+
 @pytest.mark.parametrize("fast", ["1", "0"])
 def test_torch_fast_cpu(fast):
     check("torch_fast_cpu", None, {"UMP_ALLOC_TORCH_FAST_CPU": fast})
