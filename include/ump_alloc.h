@@ -411,6 +411,15 @@ int ump_set_mode(const char *name);
 // a different value gives `UMP_ERR_LOCKED`.
 int ump_set_alignment(size_t alignment);
 
+// Request a limit on the bytes mapped by the host pool and by each device, before the first
+// allocation, in `UMP_ALLOC_LIMIT`'s syntax ("8G", "512M", "1073741824", or "none"); it
+// overrides the environment. 0 and malformed values give `UMP_ERR_CONFIG`; a different limit
+// after the first allocation gives `UMP_ERR_LOCKED`.
+//
+// # Safety
+// `value` is NULL or a NUL-terminated string.
+int ump_set_limit(const char *value);
+
 // The alignment in force (after initialisation), else the configured one; 0 when the
 // configuration is invalid (see `ump_init`).
 size_t ump_alignment(void);

@@ -41,11 +41,14 @@ pub struct Allocator {
 struct Overrides {
     mode: Option<ModeRequest>,
     alignment: Option<usize>,
+    /// `Some(None)`: no limit, whatever the environment says.
+    limit: Option<Option<usize>>,
 }
 
 static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides {
     mode: None,
     alignment: None,
+    limit: None,
 });
 static ENV: OnceLock<Result<Config>> = OnceLock::new();
 static CAPS: OnceLock<MachineCaps> = OnceLock::new();
@@ -111,6 +114,9 @@ pub fn init() -> Result<&'static Allocator> {
         if let Some(a) = o.alignment {
             config.alignment = a;
         }
+        if let Some(l) = o.limit {
+            config.limit = l;
+        }
     }
     let selection = caps.select_sides(config.mode, config.host_side, config.device_side)?;
     crate::backing::set_pinned_cap(config.pinned_limit.bytes(os::memory_available()));
@@ -174,6 +180,28 @@ pub fn set_alignment(n: usize) -> Result<()> {
         ));
     }
     lock(&OVERRIDES).alignment = Some(n);
+    Ok(())
+}
+
+/// Request a limit (`None`: no limit) before the first allocation. Afterwards only the one in
+/// force is accepted.
+pub fn set_limit(limit: Option<usize>) -> Result<()> {
+    let _g = lock(&INIT);
+    if let Some(a) = STATE.get() {
+        if a.config.limit == limit {
+            return Ok(());
+        }
+        let show = |l: Option<usize>| l.map_or("none".to_string(), |n| format!("{n} bytes"));
+        return Err(Error::new(
+            Status::UMP_ERR_LOCKED,
+            format!(
+                "the limit is already {} (fixed at the first allocation); it cannot change to {}",
+                show(a.config.limit),
+                show(limit)
+            ),
+        ));
+    }
+    lock(&OVERRIDES).limit = Some(limit);
     Ok(())
 }
 

@@ -203,14 +203,8 @@ impl Config {
                 .map_err(|e| Error::config(format!("UMP_ALLOC_ALIGNMENT={v:?}: {e}")))?;
         }
         if let Some(v) = get("UMP_ALLOC_LIMIT") {
-            c.limit = if v.eq_ignore_ascii_case("none") {
-                None
-            } else {
-                Some(
-                    parse_bytes(&v)
-                        .map_err(|e| Error::config(format!("UMP_ALLOC_LIMIT={v:?}: {e}")))?,
-                )
-            };
+            c.limit = parse_limit(&v)
+                .map_err(|e| Error::config(format!("UMP_ALLOC_LIMIT={v:?}: {e}")))?;
         }
         if let Some(v) = get("UMP_ALLOC_HOST_RETAIN") {
             c.host_retain = parse_bytes(&v)
@@ -310,6 +304,18 @@ pub fn parse_bytes(v: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| "byte count overflows".to_string())
 }
 
+/// A limit: "none" (no limit) or a positive byte count. 0 is refused: it would make every
+/// allocation fail.
+pub fn parse_limit(v: &str) -> std::result::Result<Option<usize>, String> {
+    if v.trim().eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    match parse_bytes(v)? {
+        0 => Err("a limit of 0 bytes would fail every allocation; use a positive size such as 8G, or \"none\" (or leave it unset) for no limit".into()),
+        n => Ok(Some(n)),
+    }
+}
+
 /// A switch: exactly "0" or "1" (surrounding blanks ignored).
 fn parse_switch(v: &str) -> std::result::Result<bool, String> {
     match v.trim() {
@@ -394,6 +400,12 @@ mod tests {
             Some(1 << 30)
         );
         assert!(cfg(&[("UMP_ALLOC_LIMIT", "lots")]).is_err());
+        assert!(
+            cfg(&[("UMP_ALLOC_LIMIT", "0")]).is_err(),
+            "0 would fail every allocation"
+        );
+        assert!(cfg(&[("UMP_ALLOC_LIMIT", "0G")]).is_err());
+        assert_eq!(parse_limit(" None "), Ok(None));
     }
 
     #[test]

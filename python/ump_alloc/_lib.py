@@ -219,6 +219,7 @@ SIGNATURES = {
     "ump_init": (c_int, []),
     "ump_set_mode": (c_int, [c_char_p]),
     "ump_set_alignment": (c_int, [c_size_t]),
+    "ump_set_limit": (c_int, [c_char_p]),
     "ump_alignment": (c_size_t, []),
     "ump_block_alignment": (c_size_t, [c_size_t]),
     "ump_current_mode": (c_int, []),

@@ -238,6 +238,27 @@ pub extern "C" fn ump_set_alignment(alignment: usize) -> c_int {
     status("ump_set_alignment", || allocator::set_alignment(alignment))
 }
 
+/// Request a limit on the bytes mapped by the host pool and by each device, before the first
+/// allocation, in `UMP_ALLOC_LIMIT`'s syntax ("8G", "512M", "1073741824", or "none"); it
+/// overrides the environment. 0 and malformed values give `UMP_ERR_CONFIG`; a different limit
+/// after the first allocation gives `UMP_ERR_LOCKED`.
+///
+/// # Safety
+/// `value` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_set_limit(value: *const c_char) -> c_int {
+    status("ump_set_limit", || {
+        if value.is_null() {
+            return Err(Error::new(Status::UMP_ERR_NULL, "value is NULL"));
+        }
+        // SAFETY: non-NULL and NUL-terminated by the caller's contract.
+        let s = unsafe { CStr::from_ptr(value) }.to_string_lossy();
+        let limit = crate::config::parse_limit(&s)
+            .map_err(|e| Error::config(format!("limit {s:?}: {e}")))?;
+        allocator::set_limit(limit)
+    })
+}
+
 /// The alignment in force (after initialisation), else the configured one; 0 when the
 /// configuration is invalid (see `ump_init`).
 #[unsafe(no_mangle)]

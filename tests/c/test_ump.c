@@ -890,6 +890,15 @@ static void test_before_init(void) {
     rc = ump_set_alignment(131072);
     CHECK(rc == UMP_ERR_CONFIG, "ump_set_alignment(131072) = %d want UMP_ERR_CONFIG", rc);
     CHECK(ump_alignment() == g_align, "a refused ump_set_alignment changed the alignment");
+    rc = ump_set_limit(NULL);
+    CHECK(rc == UMP_ERR_NULL, "ump_set_limit(NULL) = %d want UMP_ERR_NULL", rc);
+    rc = ump_set_limit("0");
+    CHECK(rc == UMP_ERR_CONFIG, "ump_set_limit(\"0\") = %d want UMP_ERR_CONFIG", rc);
+    rc = ump_set_limit("lots");
+    CHECK(rc == UMP_ERR_CONFIG, "ump_set_limit(\"lots\") = %d want UMP_ERR_CONFIG", rc);
+    /* The environment's limit (run.sh unsets UMP_ALLOC_LIMIT), requested again: accepted. */
+    rc = ump_set_limit(" none ");
+    CHECK(rc == UMP_OK, "ump_set_limit(\" none \") before init = %d (%s)", rc, last_err_or("-"));
 }
 
 static void test_init_and_config(void) {
@@ -913,6 +922,11 @@ static void test_init_and_config(void) {
     CHECK(rc == UMP_ERR_CONFIG, "ump_set_alignment(3) = %d want UMP_ERR_CONFIG", rc);
     CHECK(ump_alignment() == g_align, "alignment changed after refused ump_set_alignment");
 
+    rc = ump_set_limit("none");
+    CHECK(rc == UMP_OK, "ump_set_limit(\"none\") (the limit in force) = %d (%s)", rc,
+          last_err_or("-"));
+    rc = ump_set_limit("1T");
+    CHECK(rc == UMP_ERR_LOCKED, "ump_set_limit(\"1T\") after init = %d want UMP_ERR_LOCKED", rc);
     rc = ump_set_mode("host");
     CHECK(rc == UMP_OK, "ump_set_mode(\"host\") = %d (%s)", rc, last_err_or("-"));
     rc = ump_set_mode("auto");
@@ -933,8 +947,8 @@ static void test_init_and_config(void) {
     rc = ump_set_mode("");
     CHECK(rc == UMP_ERR_INVALID, "ump_set_mode(\"\") = %d want UMP_ERR_INVALID", rc);
     CHECK(ump_current_mode() == UMP_MODE_HOST, "mode changed after refused ump_set_mode");
-    /* Failures above: LOCKED, CONFIG, managed, device, NULL, bogus, "" = 7 errors. */
-    CHECK(ump_error_count() == e0 + 7, "configuration calls counted %" PRIu64 " errors, want 7",
+    /* Failures above: LOCKED, CONFIG, limit LOCKED, managed, device, NULL, bogus, "" = 8. */
+    CHECK(ump_error_count() == e0 + 8, "configuration calls counted %" PRIu64 " errors, want 8",
           ump_error_count() - e0);
 
     const char *v = ump_version();
