@@ -19,7 +19,7 @@ class build_py_with_pth(build_py):
 
 
 setup(
-    packages=["ump_alloc"],
+    packages=["ump_alloc", "ump_alloc.allocators"],
     package_dir={"": "python"},
     package_data={"ump_alloc": ["py.typed"]},
     rust_extensions=[

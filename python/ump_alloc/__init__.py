@@ -14,11 +14,11 @@ Or, with no code change: ``UMP_ALLOC=1 python program.py``.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import dataclasses
-import os
-import warnings
+import contextlib as _contextlib
+import ctypes as _ctypes
+import dataclasses as _dataclasses
+import os as _os
+import warnings as _warnings
 
 from . import _hooks, _lib
 from ._lib import UmpError, last_error, library_path
@@ -114,7 +114,17 @@ def trim() -> int:
 
 # ---- enabling ----------------------------------------------------------------------------------
 
-_enabled_libs: list[list[str]] = []
+@_dataclasses.dataclass
+class _Frame:
+    """One :func:`enable` call: what it switched over, and the environment variables it set
+    for child processes (with their values before, to put back)."""
+
+    libs: list
+    env: dict
+    auto: bool = False
+
+
+_frames: list[_Frame] = []
 
 
 def _gpu_mode() -> bool:
@@ -143,7 +153,7 @@ def _install_torch(required: bool, fast_cpu: bool | None = None, unified: bool |
     except _torch.TooLateError as e:
         if required:
             raise
-        warnings.warn(str(e), RuntimeWarning, stacklevel=3)
+        _warnings.warn(str(e), RuntimeWarning, stacklevel=3)
     except UmpError:
         if required:
             raise
@@ -158,6 +168,41 @@ def _installed(module: str) -> bool:
         return False
 
 
+def _pth_installed() -> bool:
+    import site
+    import sys
+
+    dirs = list(getattr(site, "getsitepackages", lambda: [])()) + [site.getusersitepackages()]
+    dirs += [p for p in sys.path if p.endswith("site-packages")]
+    return any(_os.path.isfile(_os.path.join(d, "ump_alloc.pth")) for d in dirs)
+
+
+def _child_env(
+    mode: str | None,
+    alignment: int | None,
+    limit: int | str | None,
+    cupy_zero_copy: bool | None,
+    torch_fast_cpu: bool | None,
+    torch_unified: bool | None,
+) -> dict:
+    env = {"UMP_ALLOC": "1"}
+    for name, value in (
+        ("UMP_ALLOC_MODE", mode),
+        ("UMP_ALLOC_ALIGNMENT", alignment),
+        ("UMP_ALLOC_LIMIT", limit),
+    ):
+        if value is not None:
+            env[name] = str(value)
+    for name, flag in (
+        ("UMP_ALLOC_CUPY_ZERO_COPY", cupy_zero_copy),
+        ("UMP_ALLOC_TORCH_FAST_CPU", torch_fast_cpu),
+        ("UMP_ALLOC_TORCH_UNIFIED", torch_unified),
+    ):
+        if flag is not None:
+            env[name] = "1" if flag else "0"
+    return env
+
+
 def enable(
     *,
     numpy: bool = True,
@@ -165,7 +210,9 @@ def enable(
     torch: bool | None = None,
     mode: str | None = None,
     alignment: int | None = None,
+    limit: int | str | None = None,
     threads: bool = True,
+    children: bool = False,
     cupy_zero_copy: bool | None = None,
     torch_fast_cpu: bool | None = None,
     torch_unified: bool | None = None,
@@ -174,9 +221,23 @@ def enable(
 
     ``cupy`` and ``torch``: None (default) switches each over where it is installed and a GPU
     mode is in force, right away if it is imported and otherwise the moment it is imported;
-    True requires it (errors raise); False leaves it alone. ``mode`` and ``alignment`` are
-    fixed at the first allocation; a later, different value raises UmpError. ``threads``: new
-    threads started through :mod:`threading` also allocate NumPy arrays from ump-alloc.
+    True requires it (errors raise); False leaves it alone. ``threads``: new threads started
+    through :mod:`threading` also allocate NumPy arrays from ump-alloc.
+
+    ``mode``, ``alignment`` and ``limit`` stand for ``UMP_ALLOC_MODE``, ``UMP_ALLOC_ALIGNMENT``
+    and ``UMP_ALLOC_LIMIT`` (same syntax: ``limit=8 << 30`` or ``limit="8G"``, ``"none"``) and
+    override them. They are fixed at the first allocation; a later, different value raises
+    UmpError.
+
+    ``children=True`` also reaches child processes that start a new interpreter
+    (``multiprocessing`` with ``spawn`` or ``forkserver``, ``subprocess`` running Python): it
+    sets ``UMP_ALLOC=1`` and the settings given here in ``os.environ``, which those children
+    inherit, and :func:`disable` puts the variables back. It needs ``ump_alloc.pth`` in
+    site-packages (``pip install ump-alloc`` puts it there). ``fork`` children need nothing:
+    they inherit the parent's state.
+
+    Calls nest: each ``enable()`` is undone by one :func:`disable`, innermost first, and the
+    state before the outermost ``enable()`` comes back after the last ``disable()``.
 
     PyTorch accepts a pluggable allocator only before its first CUDA tensor; later, ``torch=True``
     raises and ``torch=None`` warns.
@@ -195,9 +256,20 @@ def enable(
                 "switch it over only where it is installed)",
                 _lib.ERR_UNSUPPORTED,
             )
+    if children and not _pth_installed():
+        raise UmpError(
+            "enable(children=True) needs ump_alloc.pth in site-packages, which switches ump-alloc "
+            "on in a child interpreter; install the package with pip (pip install ump-alloc, or "
+            "pip install . from a checkout)",
+            _lib.ERR_UNSUPPORTED,
+        )
     L = _lib.lib()
     if alignment is not None:
         _lib.check(L.ump_set_alignment(int(alignment)), "ump_set_alignment")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, (int, str)):
+            raise TypeError(f"limit is a byte count or a string such as '8G' or 'none', not {limit!r}")
+        _lib.check(L.ump_set_limit(str(limit).encode()), "ump_set_limit")
     if mode is not None:
         _lib.check(L.ump_set_mode(str(mode).encode()), "ump_set_mode")
     _init()
@@ -215,27 +287,76 @@ def enable(
             "torch", lambda _m, req=bool(torch): _install_torch(req, torch_fast_cpu, torch_unified)
         )
         done.append("torch")
-    _enabled_libs.append(done)
+    env: dict = {}
+    if children:
+        _warn_if_forkserver_running()
+        wanted_env = _child_env(mode, alignment, limit, cupy_zero_copy, torch_fast_cpu, torch_unified)
+        env = {k: _os.environ.get(k) for k in wanted_env}
+        _os.environ.update(wanted_env)
+    _frames.append(_Frame(done, env))
+
+
+def _warn_if_forkserver_running() -> None:
+    import sys
+
+    fs = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(fs, "_forkserver", None)
+    if server is not None and getattr(server, "_forkserver_pid", None) is not None:
+        _warnings.warn(
+            "enable(children=True): multiprocessing's forkserver was started before this call and "
+            "keeps the environment it started with, so its children will not use ump-alloc; call "
+            "enable(children=True) before the first forkserver process starts (or use 'spawn')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _enable_auto(**libs) -> None:
+    """``UMP_ALLOC=1``: what the import hooks switch over joins one frame, at the bottom of
+    the stack, so that one :func:`disable` undoes it all (and a program's own ``enable()`` calls
+    still nest above it)."""
+    enable(**libs)
+    frame = _frames.pop()
+    for f in _frames:
+        if f.auto:
+            f.libs.extend(x for x in frame.libs if x not in f.libs)
+            return
+    frame.auto = True
+    _frames.insert(0, frame)
 
 
 def disable() -> None:
-    """Undo the innermost :func:`enable` for NumPy and CuPy. Arrays made meanwhile stay valid
-    and are freed through ump-alloc. PyTorch cannot switch allocators back and stays."""
-    done = _enabled_libs.pop() if _enabled_libs else ["numpy", "cupy"]
-    if "numpy" in done:
+    """Undo the innermost :func:`enable` (or, with ``UMP_ALLOC=1``, what it switched on) for
+    NumPy and CuPy, and the environment variables it set for children. Arrays made meanwhile
+    stay valid and are freed through ump-alloc. PyTorch cannot switch allocators back and
+    stays. A ``disable()`` without a matching ``enable()`` raises UmpError."""
+    if not _frames:
+        raise UmpError(
+            "disable() without a matching enable(): ump-alloc is not enabled here "
+            "(each enable() is undone by one disable())",
+            _lib.ERR_INVALID,
+        )
+    frame = _frames.pop()
+    if "numpy" in frame.libs:
         from . import _numpy
 
         _numpy.uninstall()
-    if "cupy" in done:
+    if "cupy" in frame.libs and not any("cupy" in f.libs for f in _frames):
         _hooks.cancel("cupy")
         from . import _cupy
 
         _cupy.uninstall()
+    for k, v in frame.env.items():
+        if v is None:
+            _os.environ.pop(k, None)
+        else:
+            _os.environ[k] = v
 
 
-@contextlib.contextmanager
+@_contextlib.contextmanager
 def enabled(**kwargs):
-    """``with ump_alloc.enabled(): ...`` enables ump-alloc inside the block only."""
+    """``with ump_alloc.enabled(): ...`` enables ump-alloc inside the block only (it takes
+    :func:`enable`'s arguments)."""
     enable(**kwargs)
     try:
         yield
@@ -251,7 +372,8 @@ def is_enabled() -> bool:
 
 
 def handles(array) -> bool:
-    """Whether NumPy ``array`` (or the array a view looks into) was allocated by ump-alloc."""
+    """Whether NumPy ``array`` (or the array a view looks into) was allocated by ump-alloc.
+    Anything but a NumPy array raises TypeError, before and after :func:`enable` alike."""
     from . import _numpy
 
     return _numpy.handles(array)
@@ -260,7 +382,7 @@ def handles(array) -> bool:
 # ---- identity and capabilities ------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
+@_dataclasses.dataclass(frozen=True)
 class Identity:
     """What ump-alloc knows of an address."""
 
@@ -296,7 +418,7 @@ def _address(obj) -> int:
     ai = getattr(obj, "__array_interface__", None)
     if ai is not None:
         return int(ai["data"][0] or 0)
-    if isinstance(obj, ctypes.c_void_p):
+    if isinstance(obj, _ctypes.c_void_p):
         return int(obj.value or 0)
     raise TypeError(f"cannot take the address of {type(obj).__name__}")
 
@@ -305,8 +427,8 @@ def identify(obj) -> Identity:
     """Identify an address, a NumPy/CuPy array or a torch tensor (by its data pointer)."""
     addr = _address(obj)
     out = _lib.Identity()
-    out.size = ctypes.sizeof(_lib.Identity)
-    _lib.check(_lib.lib().ump_identify(ctypes.c_void_p(addr), ctypes.byref(out)), "ump_identify")
+    out.size = _ctypes.sizeof(_lib.Identity)
+    _lib.check(_lib.lib().ump_identify(_ctypes.c_void_p(addr), _ctypes.byref(out)), "ump_identify")
     return Identity(
         address=addr,
         ours=bool(out.ours),
@@ -328,7 +450,7 @@ def host_access(obj, nbytes: int | None = None, stream=None) -> None:
     addr = _address(obj)
     n = nbytes if nbytes is not None else int(getattr(obj, "nbytes", 0))
     h = _stream_handle(stream, lambda: 0)
-    _lib.check(_lib.lib().ump_host_access(ctypes.c_void_p(addr), n, ctypes.c_void_p(h)), "ump_host_access")
+    _lib.check(_lib.lib().ump_host_access(_ctypes.c_void_p(addr), n, _ctypes.c_void_p(h)), "ump_host_access")
 
 
 def device_access(obj, nbytes: int | None = None, device: int = 0, stream=None) -> None:
@@ -338,14 +460,14 @@ def device_access(obj, nbytes: int | None = None, device: int = 0, stream=None) 
     addr = _address(obj)
     n = nbytes if nbytes is not None else int(getattr(obj, "nbytes", 0))
     h = _stream_handle(stream, lambda: 0)
-    _lib.check(_lib.lib().ump_device_access(ctypes.c_void_p(addr), n, int(device), ctypes.c_void_p(h)), "ump_device_access")
+    _lib.check(_lib.lib().ump_device_access(_ctypes.c_void_p(addr), n, int(device), _ctypes.c_void_p(h)), "ump_device_access")
 
 
 def capabilities() -> dict:
     """The machine's capabilities and the mode (in force, or that would be chosen)."""
     c = _lib.Capabilities()
-    c.size = ctypes.sizeof(_lib.Capabilities)
-    _lib.check(_lib.lib().ump_capabilities(ctypes.byref(c)), "ump_capabilities")
+    c.size = _ctypes.sizeof(_lib.Capabilities)
+    _lib.check(_lib.lib().ump_capabilities(_ctypes.byref(c)), "ump_capabilities")
     devices = []
     for d in c.devices[: min(c.device_count, _lib.MAX_DEVICES)]:
         devices.append(
@@ -384,11 +506,11 @@ def config_table() -> list[dict]:
     rows = []
     i = 0
     while True:
-        name, default, help_ = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_char_p()
-        if L.ump_config_var(i, ctypes.byref(name), ctypes.byref(default), ctypes.byref(help_)) != _lib.OK:
+        name, default, help_ = _ctypes.c_char_p(), _ctypes.c_char_p(), _ctypes.c_char_p()
+        if L.ump_config_var(i, _ctypes.byref(name), _ctypes.byref(default), _ctypes.byref(help_)) != _lib.OK:
             break
         n = name.value.decode()
-        rows.append({"name": n, "default": default.value.decode(), "help": help_.value.decode(), "value": os.environ.get(n)})
+        rows.append({"name": n, "default": default.value.decode(), "help": help_.value.decode(), "value": _os.environ.get(n)})
         i += 1
     L.ump_clear_error()  # the row past the end is reported as an error
     return rows
@@ -410,8 +532,8 @@ def stats() -> dict:
     ``total`` and per-kind peaks that add several of them are upper bounds.
     """
     s = _lib.Stats()
-    s.size = ctypes.sizeof(_lib.Stats)
-    _lib.check(_lib.lib().ump_stats(ctypes.byref(s)), "ump_stats")
+    s.size = _ctypes.sizeof(_lib.Stats)
+    _lib.check(_lib.lib().ump_stats(_ctypes.byref(s)), "ump_stats")
     kinds = {
         _lib.KIND_NAMES[k]: s.kinds[k].as_dict()
         for k in range(len(s.kinds))
@@ -457,7 +579,7 @@ def reset_peak() -> None:
 # ---- scopes ----------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
+@_dataclasses.dataclass
 class ScopeReport:
     """What a :func:`scope` saw. ``live_blocks``/``live_bytes``: blocks allocated in the scope
     and still referenced at its end (they escaped the scope and stay valid)."""
@@ -470,7 +592,7 @@ class ScopeReport:
     live_bytes: int = 0
 
 
-class scope(contextlib.ContextDecorator):
+class scope(_contextlib.ContextDecorator):
     """``with ump_alloc.scope() as s:`` groups the blocks this thread allocates (NumPy, CuPy,
     PyTorch) and reports on them at the end (``s.report``, a :class:`ScopeReport`).
 
@@ -498,8 +620,8 @@ class scope(contextlib.ContextDecorator):
 
             gc.collect()
         r = _lib.ScopeReport()
-        r.size = ctypes.sizeof(_lib.ScopeReport)
-        _lib.check(_lib.lib().ump_scope_end_ex(ctypes.byref(r)), "ump_scope_end_ex")
+        r.size = _ctypes.sizeof(_lib.ScopeReport)
+        _lib.check(_lib.lib().ump_scope_end_ex(_ctypes.byref(r)), "ump_scope_end_ex")
         self.report = ScopeReport(
             allocs=int(r.allocs),
             alloc_bytes=int(r.alloc_bytes),
@@ -509,3 +631,6 @@ class scope(contextlib.ContextDecorator):
             live_bytes=int(r.live_bytes),
         )
         return False
+
+
+del annotations  # from __future__; keep the namespace to the public API

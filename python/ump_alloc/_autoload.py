@@ -16,7 +16,7 @@ def _truthy(v):
 def _enable(**libs):
     import ump_alloc
 
-    ump_alloc.enable(**{"numpy": False, "cupy": False, "torch": False, **libs})
+    ump_alloc._enable_auto(**{"numpy": False, "cupy": False, "torch": False, **libs})
 
 
 def run():

@@ -77,9 +77,15 @@ def active() -> bool:
 
 
 def handles(array) -> bool:
-    """Whether ``array``'s memory (or its base's, for views) was allocated by ump-alloc."""
+    """Whether ``array``'s memory (or its base's, for views) was allocated by ump-alloc. The
+    same before, during and after :func:`ump_alloc.enable`: a NumPy array gives a bool, anything
+    else raises TypeError (as numpy_allocator's ``handles`` does)."""
+    import numpy
+
+    if not isinstance(array, numpy.ndarray):
+        raise TypeError(f"argument must be an ndarray, not {type(array).__name__}")
     if _handler_cls is None:
-        return False
+        return False  # no array can be ours before the handler exists
     return bool(handler_class().handles(array))
 
 
