@@ -1346,3 +1346,106 @@ def memory_summary_streams():
     assert "device 0 (" in text and "device side: nothing allocated" not in text
     assert ", 0 errors" in text, "walking the pool list is not an error"
     assert int(keep[::MB].sum()) == 7 * 32
+
+
+def _dask_cupy_blocks(client):
+    import cupy as cp
+    import dask.array as da
+
+    import ump_alloc
+
+    def make(block_info=None):
+        import cupy as cp
+
+        i, j = block_info[None]["chunk-location"]
+        return cp.random.default_rng(100 * i + j + 1).random((512, 512))
+
+    x = da.map_blocks(make, chunks=((512,) * 4, (512,) * 4), dtype=np.float64, meta=cp.empty((0, 0)))
+    y = (x * 2.0 + 1.0) @ x.T  # arrays made inside the tasks, and a GPU matmul
+    flags = y.map_blocks(
+        lambda b: np.full((1, 1), isinstance(b, cp.ndarray) and ump_alloc.identify(b).ours),
+        chunks=(1, 1),
+        dtype=bool,
+        meta=np.empty((0, 0), dtype=bool),
+    )
+    got = np.asarray(client.compute(flags).result())
+    total = float(client.compute(y.sum()).result())
+    xs = cp.block([[cp.random.default_rng(100 * i + j + 1).random((512, 512)) for j in range(4)] for i in range(4)])
+    want = float(((xs * 2.0 + 1.0) @ xs.T).sum())
+    return got, total, want
+
+
+def dask_cupy():
+    """ump_alloc.dask with CuPy-backed dask arrays on a LocalCluster of 2 worker processes: with
+    the worker plugin, every task's CuPy block is an ump-alloc block and the result equals the
+    same computation in this process; control: without the plugin, none is."""
+    from distributed import Client, LocalCluster
+
+    import ump_alloc.dask as ud
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as c:
+        with Client(c) as client:
+            got, total, want = _dask_cupy_blocks(client)
+            assert not got.any(), "control: without the plugin no CuPy block should be ump-alloc's"
+            assert np.isclose(total, want, rtol=1e-9), (total, want)
+            client.register_plugin(ud.UmpWorkerPlugin(cupy=True, torch=False))
+            got, total, want = _dask_cupy_blocks(client)
+            assert got.all(), f"{int((~got).sum())} of {got.size} CuPy task blocks were not ump-alloc's"
+            assert np.isclose(total, want, rtol=1e-9), (total, want)
+            import time
+
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                ms = [w["metrics"] for w in client.scheduler_info()["workers"].values()]
+                if all(m.get("ump_alloc_device_mapped", 0) > 0 for m in ms):
+                    break
+                time.sleep(0.5)
+            assert all(m.get("ump_alloc_device_mapped", 0) > 0 for m in ms), ms
+    print(f"dask+cupy: 16 blocks per run on 2 workers, all ump-alloc's; sum {total:.6g}")
+
+
+def public_cupy_allocator():
+    """ump_alloc.allocators.cupy.ump_cupy_allocator set by hand (no enable()): CuPy arrays are
+    ump-alloc blocks with right kernel results; control: CuPy's own pool before it."""
+    import cupy as cp
+
+    import ump_alloc
+    from ump_alloc.allocators.cupy import ump_cupy_allocator
+
+    rng = np.random.default_rng(int.from_bytes(os.urandom(2), "little"))
+    h = rng.random(1 << 20)
+    before = cp.asarray(h)
+    assert not ump_alloc.identify(before).ours, "control: CuPy's pool is not ump-alloc's"
+    cp.cuda.set_allocator(ump_cupy_allocator)
+    x = cp.asarray(h)
+    y = cp.full(x.shape, np.nan)
+    y[...] = x * 3 - 1
+    assert ump_alloc.identify(y).ours and ump_alloc.identify(x).ours
+    assert np.array_equal(cp.asnumpy(y), h * 3 - 1)
+    assert not ump_alloc.is_enabled(), "setting the allocator by hand must not switch NumPy over"
+    print(f"public CuPy allocator: {ump_cupy_allocator!r}")
+
+
+def public_torch_allocator():
+    """ump_alloc.allocators.torch: change_current_allocator(ump_torch_allocator) + attach():
+    tensors are ump-alloc blocks, right results, and a too-large tensor raises
+    torch.OutOfMemoryError (attached) under UMP_ALLOC_LIMIT."""
+    import torch
+
+    import ump_alloc
+    from ump_alloc.allocators.torch import attach, ump_torch_allocator
+
+    torch.cuda.memory.change_current_allocator(ump_torch_allocator)
+    attach()
+    a = torch.rand(1 << 20, device="cuda")
+    b = torch.full_like(a, float("nan"))
+    b.copy_(a * 3 - 1)
+    assert ump_alloc.identify(b).ours and ump_alloc.identify(a).ours
+    assert torch.equal(b.cpu(), a.cpu() * 3 - 1)
+    try:
+        torch.empty(1 << 40, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        print(f"OOM: {str(e)[:80]}")
+    else:
+        raise AssertionError("a 1 TiB tensor did not raise torch.OutOfMemoryError")
+    print("public torch allocator: ok")

@@ -246,3 +246,16 @@ def test_cupy_zero_copy(mode, on):
 @pytest.mark.parametrize("mode", SHARED or ["managed"])
 def test_memory_summary_streams(mode):
     check("memory_summary_streams", mode)
+
+
+def test_dask_cupy_workers():
+    pytest.importorskip("distributed")
+    check("dask_cupy", None)
+
+
+def test_public_cupy_allocator():
+    check("public_cupy_allocator", "managed")
+
+
+def test_public_torch_allocator():
+    check("public_torch_allocator", "managed", {"UMP_ALLOC_LIMIT": "64G"})
