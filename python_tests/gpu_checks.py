@@ -1370,7 +1370,8 @@ def _dask_cupy_blocks(client):
     )
     got = np.asarray(client.compute(flags).result())
     total = float(client.compute(y.sum()).result())
-    xs = cp.block([[cp.random.default_rng(100 * i + j + 1).random((512, 512)) for j in range(4)] for i in range(4)])
+    rows = [cp.concatenate([cp.random.default_rng(100 * i + j + 1).random((512, 512)) for j in range(4)], axis=1) for i in range(4)]
+    xs = cp.concatenate(rows, axis=0)
     want = float(((xs * 2.0 + 1.0) @ xs.T).sum())
     return got, total, want
 
