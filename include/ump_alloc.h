@@ -399,6 +399,11 @@ uint64_t ump_error_count(void);
 // (`UMP_ERR_CONFIG`, `UMP_ERR_UNSUPPORTED`) before any allocation.
 int ump_init(void);
 
+// Check the `UMP_ALLOC_*` configuration without initialising: `UMP_OK`, or `UMP_ERR_CONFIG`
+// with the variable, its value and what it accepts in `ump_last_error`. Nothing is fixed, so
+// a tool can report a bad setting and still show what would be chosen.
+int ump_config_check(void);
+
 // Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before
 // the first allocation. A mode this machine cannot do gives `UMP_ERR_UNSUPPORTED` with the
 // missing capability; a different mode after the first allocation gives `UMP_ERR_LOCKED`.
@@ -441,7 +446,8 @@ const char *ump_version(void);
 
 // Describe row `index` of the configuration table (every `UMP_ALLOC_*` variable): its name,
 // default and meaning, as static NUL-terminated strings. Returns `UMP_OK`, `UMP_ERR_INVALID`
-// past the last row, or `UMP_ERR_NULL`. Outputs are written only on success.
+// past the last row (the end of the list: a message in `ump_last_error()`, not counted as an
+// error in `ump_stats`), or `UMP_ERR_NULL`. Outputs are written only on success.
 //
 // # Safety
 // Each out-pointer is NULL or writable.

@@ -35,7 +35,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: c"UMP_ALLOC",
         default: c"0",
-        help: c"1: enable ump-alloc for NumPy, CuPy and PyTorch at interpreter start (Python)",
+        help: c"1: enable ump-alloc for NumPy, CuPy and PyTorch as the program imports them (Python); 0 or unset: off",
     },
     Var {
         name: c"UMP_ALLOC_MODE",
@@ -105,7 +105,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: c"UMP_ALLOC_NO_CUDA",
         default: c"0",
-        help: c"1: behave as if no CUDA driver were installed (tests, CPU-only runs)",
+        help: c"1: behave as if no CUDA driver were installed (tests, CPU-only runs); 0 or unset: use CUDA",
     },
 ];
 
@@ -214,6 +214,14 @@ impl Config {
             c.headroom = parse_bytes(&v)
                 .map_err(|e| Error::config(format!("UMP_ALLOC_HEADROOM={v:?}: {e}")))?;
         }
+        // Switches read elsewhere (the Python start-up hook, the CUDA probe) are validated
+        // here too, so that a value such as "true" or "2" stops the program instead of being
+        // ignored.
+        for name in ["UMP_ALLOC", "UMP_ALLOC_NO_CUDA"] {
+            if let Some(v) = get(name) {
+                parse_switch(&v).map_err(|e| Error::config(format!("{name}={v:?}: {e}")))?;
+            }
+        }
         for (name, slot) in [
             ("UMP_ALLOC_TORCH_FAST_CPU", &mut c.torch_fast_cpu),
             ("UMP_ALLOC_TORCH_UNIFIED", &mut c.torch_unified),
@@ -321,7 +329,7 @@ fn parse_switch(v: &str) -> std::result::Result<bool, String> {
     match v.trim() {
         "1" => Ok(true),
         "0" => Ok(false),
-        _ => Err("expected 0 or 1".into()),
+        _ => Err("expected 0 or 1 (the only values a switch takes)".into()),
     }
 }
 

@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::ffi::CString;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Status codes returned by the `int`-returning functions of the C ABI.
 #[repr(C)]
@@ -153,8 +153,19 @@ pub fn report(err: &Error) -> Status {
     };
     counter.fetch_add(1, Ordering::Relaxed);
     set_last(&err.msg);
+    if err.class == ErrorClass::Limit && !LIMIT_NOTED.swap(true, Ordering::Relaxed) {
+        // NumPy turns any NULL into "Unable to allocate N bytes": say the real cause, once.
+        crate::prim::os::write_stderr(&format!(
+            "ump-alloc: {} (printed once per process; the library's own error, e.g. NumPy's \
+             MemoryError, follows; ump_alloc.last_error() has the latest)\n",
+            err.msg
+        ));
+    }
     err.status
 }
+
+/// Whether the note on the first allocation refused by a limit was printed.
+static LIMIT_NOTED: AtomicBool = AtomicBool::new(false);
 
 /// Keep `msg` as this thread's last error (interior NULs are replaced).
 pub fn set_last(msg: &str) {

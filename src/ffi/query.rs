@@ -212,6 +212,14 @@ pub extern "C" fn ump_init() -> c_int {
     status("ump_init", || allocator::init().map(|_| ()))
 }
 
+/// Check the `UMP_ALLOC_*` configuration without initialising: `UMP_OK`, or `UMP_ERR_CONFIG`
+/// with the variable, its value and what it accepts in `ump_last_error`. Nothing is fixed, so
+/// a tool can report a bad setting and still show what would be chosen.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_config_check() -> c_int {
+    status("ump_config_check", || allocator::env_config().map(|_| ()))
+}
+
 /// Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before
 /// the first allocation. A mode this machine cannot do gives `UMP_ERR_UNSUPPORTED` with the
 /// missing capability; a different mode after the first allocation gives `UMP_ERR_LOCKED`.
@@ -312,7 +320,8 @@ pub extern "C" fn ump_version() -> *const c_char {
 
 /// Describe row `index` of the configuration table (every `UMP_ALLOC_*` variable): its name,
 /// default and meaning, as static NUL-terminated strings. Returns `UMP_OK`, `UMP_ERR_INVALID`
-/// past the last row, or `UMP_ERR_NULL`. Outputs are written only on success.
+/// past the last row (the end of the list: a message in `ump_last_error()`, not counted as an
+/// error in `ump_stats`), or `UMP_ERR_NULL`. Outputs are written only on success.
 ///
 /// # Safety
 /// Each out-pointer is NULL or writable.
@@ -323,13 +332,20 @@ pub unsafe extern "C" fn ump_config_var(
     default_value: *mut *const c_char,
     help: *mut *const c_char,
 ) -> c_int {
-    status("ump_config_var", || {
+    const NAME: &str = "ump_config_var";
+    if index >= crate::config::VARS.len() {
+        // Walking the table ends here: a caller's loop condition, not a failure to count.
+        error::set_last(&format!(
+            "{NAME}: no configuration row {index} ({} rows)",
+            crate::config::VARS.len()
+        ));
+        return Status::UMP_ERR_INVALID as c_int;
+    }
+    status(NAME, || {
         if name.is_null() || default_value.is_null() || help.is_null() {
             return Err(Error::new(Status::UMP_ERR_NULL, "an out-pointer is NULL"));
         }
-        let v = crate::config::VARS
-            .get(index)
-            .ok_or_else(|| Error::invalid(format!("no configuration row {index}")))?;
+        let v = &crate::config::VARS[index];
         // SAFETY: all three checked non-NULL; the caller guarantees they are writable.
         unsafe {
             *name = v.name.as_ptr();

@@ -127,7 +127,8 @@ pub(crate) fn fork_lock_events(held: &mut crate::fork::Held) {
 }
 
 fn open_driver() -> std::result::Result<Driver, String> {
-    if std::env::var_os("UMP_ALLOC_NO_CUDA").is_some_and(|v| v == "1") {
+    if std::env::var_os("UMP_ALLOC_NO_CUDA").is_some_and(|v| v.to_str().map(str::trim) == Some("1"))
+    {
         return Err("UMP_ALLOC_NO_CUDA=1".into());
     }
     let mut tried = Vec::new();

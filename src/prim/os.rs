@@ -248,6 +248,13 @@ pub fn memory_available() -> usize {
 }
 
 /// Set the calling thread's errno (malloc-family contracts report ENOMEM through it).
+/// Write `msg` to standard error with one `write(2)` (no buffering, no lock a fork could
+/// leave held); errors are ignored.
+pub fn write_stderr(msg: &str) {
+    // SAFETY: the pointer and length describe `msg`'s bytes, valid for the call.
+    let _ = unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
 pub fn set_errno(value: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid.
     unsafe { *libc::__errno_location() = value };

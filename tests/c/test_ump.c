@@ -1032,9 +1032,10 @@ static void test_config_var(void) {
           "ump_config_var: missing a variable the library reads (align %d mode %d limit %d "
           "retain %d)",
           have_align, have_mode, have_limit, have_retain);
-    /* The row past the end that ended the loop is the one error. */
-    CHECK(ump_error_count() == e0 + 1, "listing the config table counted %" PRIu64
-          " errors, want 1", ump_error_count() - e0);
+    /* The row past the end ends the loop: not counted as an error (a listing per call of
+       config_table() would otherwise show up in ump_stats' error totals). */
+    CHECK(ump_error_count() == e0, "listing the config table counted %" PRIu64
+          " errors, want 0", ump_error_count() - e0);
 
     /* Past the end: UMP_ERR_INVALID, outputs untouched. */
     const char *sentinel = "sentinel";
