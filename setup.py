@@ -1,30 +1,98 @@
-"""Build: setuptools-rust compiles the cdylib with cargo and places libump_alloc*.so inside the
-ump_alloc package (Binding.NoBinding: a plain C library, no Python extension module). The
-package itself is pure Python over ctypes. ump_alloc.pth goes to site-packages so that
-UMP_ALLOC=1 enables ump-alloc at interpreter start."""
+"""Build: cargo compiles the cdylib, which goes into the ``ump_alloc`` package under its plain
+name (``libump_alloc.so``), with the C header (``ump_alloc/include/ump_alloc.h``) and a
+relocatable pkg-config file (``ump_alloc/lib/pkgconfig/ump_alloc.pc``) for C users. The Python
+code is pure and loads the library through ctypes, and nothing in the library depends on the
+Python version, so the wheel is tagged ``py3-none-<platform>``: one wheel for every CPython >= 3.9.
 
+The version has one source, Cargo.toml: the package metadata reads it here, and
+``ump_alloc.__version__`` asks the library (``ump_version()``, Cargo's version).
+``ump_alloc.pth`` and the top-level ``_ump_alloc_hooks`` module go to site-packages so that
+``UMP_ALLOC=1`` switches ump-alloc on as a program imports NumPy, CuPy or PyTorch."""
+
+import glob
 import os
+import re
 import shutil
+import subprocess
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
-from setuptools_rust import Binding, RustExtension
+
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-class build_py_with_pth(build_py):
+def cargo_version() -> str:
+    with open(os.path.join(ROOT, "Cargo.toml")) as f:
+        text = f.read()
+    package = text.split("[package]", 1)[1].split("\n[", 1)[0]
+    return re.search(r'^version\s*=\s*"([^"]+)"', package, re.M).group(1)
+
+
+PC = """\
+prefix=${{pcfiledir}}/../..
+libdir=${{prefix}}
+includedir=${{prefix}}/include
+
+Name: ump_alloc
+Description: One allocator for NumPy, CuPy and PyTorch over memory both the CPU and the GPU reach
+Version: {version}
+Libs: -L${{libdir}} -Wl,-rpath,${{libdir}} -lump_alloc
+Cflags: -I${{includedir}}
+"""
+
+
+class build_py_with_library(build_py):
+    """Build the Rust library with cargo and put it, the header, the pkg-config file, the .pth
+    and its hook module into the build tree."""
+
     def run(self):
         super().run()
-        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python", "ump_alloc.pth")
-        shutil.copy(src, os.path.join(self.build_lib, "ump_alloc.pth"))
+        pkg = os.path.join(self.build_lib, "ump_alloc")
+        cargo = os.environ.get("CARGO", "cargo")
+        target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+        subprocess.check_call([cargo, "build", "--release", "--lib", "--manifest-path", os.path.join(ROOT, "Cargo.toml")])
+        built = os.path.join(target, "release", "libump_alloc.so")
+        for stale in glob.glob(os.path.join(pkg, "libump_alloc*.so")):  # an older build's name
+            os.remove(stale)
+        self.copy_file(built, os.path.join(pkg, "libump_alloc.so"), preserve_mode=True)
+        os.makedirs(os.path.join(pkg, "include"), exist_ok=True)
+        self.copy_file(os.path.join(ROOT, "include", "ump_alloc.h"), os.path.join(pkg, "include", "ump_alloc.h"))
+        pc_dir = os.path.join(pkg, "lib", "pkgconfig")
+        os.makedirs(pc_dir, exist_ok=True)
+        with open(os.path.join(pc_dir, "ump_alloc.pc"), "w") as f:
+            f.write(PC.format(version=cargo_version()))
+        shutil.copy(os.path.join(ROOT, "python", "ump_alloc.pth"), os.path.join(self.build_lib, "ump_alloc.pth"))
+
+
+class py3_none_wheel(bdist_wheel):
+    """A platform wheel (it holds a native library) for any Python 3: py3-none-<platform>."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
+
+
+class BinaryDistribution(Distribution):
+    def has_ext_modules(self):
+        return True
 
 
 setup(
+    version=cargo_version(),
     packages=["ump_alloc", "ump_alloc.allocators"],
+    py_modules=["_ump_alloc_hooks"],
     package_dir={"": "python"},
     package_data={"ump_alloc": ["py.typed"]},
-    rust_extensions=[
-        RustExtension("ump_alloc.libump_alloc", path="Cargo.toml", binding=Binding.NoBinding, debug=False)
-    ],
-    cmdclass={"build_py": build_py_with_pth},
+    cmdclass={"build_py": build_py_with_library, "bdist_wheel": py3_none_wheel},
+    distclass=BinaryDistribution,
     zip_safe=False,
 )

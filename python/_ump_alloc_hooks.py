@@ -1,25 +1,26 @@
-"""Post-import hooks: run a function right after a module finishes importing.
+"""ump-alloc's start-up hook (``ump_alloc.pth`` calls :func:`autoload` when ``UMP_ALLOC`` is set)
+and post-import hooks: run a function right after a module finishes importing.
 
-``UMP_ALLOC=1`` must switch NumPy, CuPy and PyTorch over at interpreter start without importing
-any of them (importing torch costs seconds). Each library is hooked the moment the program
-imports it, which for PyTorch is also the last moment a pluggable allocator can be installed:
-before the first CUDA tensor.
+A top-level module on purpose: importing ``ump_alloc`` imports NumPy and ctypes, and
+``UMP_ALLOC=1`` must import nothing at interpreter start (every Python command would pay for
+it, ``pip --version`` included). Each library is hooked the moment the program imports it, which
+for PyTorch is also the last moment a pluggable allocator can be installed: before the first
+CUDA tensor. A configuration error then raises from that import statement, so the program
+stops there with the message, never runs on another allocator than the one asked for.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
-import threading
-from typing import Callable
+from _thread import RLock  # not threading: nothing more than this at interpreter start
 
-_lock = threading.RLock()
-_hooks: dict[str, list[Callable]] = {}
+_lock = RLock()
+_hooks: dict = {}  # module name -> [hook(module)]
 _finder = None
+_autoloaded = False
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:
     def __init__(self, inner, name):
         self._inner = inner
         self._name = name
@@ -35,13 +36,17 @@ class _Loader(importlib.abc.Loader):
         return getattr(self._inner, attr)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
+    """A meta path finder (duck-typed: importing importlib.abc costs start-up time)."""
+
     def __init__(self):
         self._busy = set()
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in _hooks or fullname in self._busy:
             return None
+        import importlib.util
+
         self._busy.add(fullname)
         try:
             spec = importlib.util.find_spec(fullname)
@@ -52,6 +57,9 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec.loader = _Loader(spec.loader, fullname)
         return spec
 
+    def invalidate_caches(self):
+        pass
+
 
 def _fire(name, module):
     with _lock:
@@ -60,7 +68,7 @@ def _fire(name, module):
         hook(module)
 
 
-def when_imported(name: str, hook: Callable) -> None:
+def when_imported(name: str, hook) -> None:
     """Call ``hook(module)`` now if ``name`` is imported, else right after its import."""
     global _finder
     with _lock:
@@ -78,3 +86,32 @@ def cancel(name: str) -> None:
     """Forget pending hooks for ``name``."""
     with _lock:
         _hooks.pop(name, None)
+
+
+def _enable(**libs) -> None:
+    import ump_alloc
+
+    try:
+        ump_alloc._enable_auto(**{"numpy": False, "cupy": False, "torch": False, **libs})
+    except ump_alloc.UmpError as e:
+        lib = next(k for k, v in libs.items() if v is not False)
+        raise ump_alloc.UmpError(
+            f"UMP_ALLOC is set, but ump-alloc cannot switch {lib} over: {e}. Fix the setting "
+            "(python -m ump_alloc info shows them all), or unset UMP_ALLOC to run without ump-alloc.",
+            e.status,
+        ) from None
+
+
+def autoload() -> None:
+    """Hook NumPy, CuPy and PyTorch: each is switched over to ump-alloc right after its import.
+    Any value of ``UMP_ALLOC`` but empty and ``0`` gets here; the value itself is checked with
+    the rest of the configuration at the first of those imports. Idempotent: site may process
+    the ``.pth`` file once per path that leads to site-packages (a venv's ``lib64`` link)."""
+    global _autoloaded
+    with _lock:
+        if _autoloaded:
+            return
+        _autoloaded = True
+    when_imported("numpy", lambda _m: _enable(numpy=True))
+    when_imported("cupy", lambda _m: _enable(cupy=None))
+    when_imported("torch", lambda _m: _enable(torch=None))

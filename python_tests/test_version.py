@@ -14,10 +14,21 @@ def _toml_version(name):
 
 
 def test_versions_agree():
+    """Cargo.toml is the one source: pyproject.toml declares the version dynamic (setup.py reads
+    Cargo.toml), the installed metadata, ``__version__`` and the library all say Cargo's."""
+    import importlib.metadata
+
     cargo = _toml_version("Cargo.toml")
-    assert _toml_version("pyproject.toml") == cargo
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        pyproject = f.read()
+    assert re.search(r'^dynamic\s*=\s*\[\s*"version"\s*\]', pyproject, re.M), "pyproject.toml must not repeat the version"
+    assert not re.search(r"^version\s*=", pyproject, re.M)
     assert ump_alloc.__version__ == cargo
     assert ump_alloc.version() == cargo
+    try:
+        assert importlib.metadata.version("ump-alloc") == cargo
+    except importlib.metadata.PackageNotFoundError:
+        pass  # running from the source tree (PYTHONPATH=python), nothing installed
 
 
 def test_the_package_is_typed():

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shared set-up for demo.sh and test.sh: a virtual environment in .venv with ump-alloc installed
-# (pip install . builds the Rust library through setuptools-rust) and the test requirements.
+# (pip install . builds the Rust library with cargo, see setup.py) and the test requirements.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"

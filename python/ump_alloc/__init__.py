@@ -23,7 +23,6 @@ import warnings as _warnings
 from . import _hooks, _lib
 from ._lib import UmpError, last_error, library_path
 from ._summary import memory_summary, pool_stats
-from ._zerocopy import ZeroCopyBuffer, asarray, asnumpy, is_zero_copy
 
 __all__ = [
     "UmpError",
@@ -42,6 +41,8 @@ __all__ = [
     "identify",
     "capabilities",
     "config_table",
+    "config_errors",
+    "unknown_variables",
     "library_path",
     "last_error",
     "clear_error",
@@ -57,9 +58,10 @@ __all__ = [
     "reset_peak",
     "scope",
     "ScopeReport",
+    "get_include",
+    "get_libdir",
 ]
 
-__version__ = "0.1.0"
 
 
 def version() -> str:
@@ -67,8 +69,70 @@ def version() -> str:
     return _lib.lib().ump_version().decode()
 
 
+def get_include() -> str:
+    """The directory holding ``ump_alloc.h``, for C code that calls ump-alloc (like
+    ``numpy.get_include()``): ``cc -I$(python -m ump_alloc --include) ...``."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    for d in (_os.path.join(here, "include"), _os.path.join(_os.path.dirname(_os.path.dirname(here)), "include")):
+        if _os.path.isfile(_os.path.join(d, "ump_alloc.h")):
+            return d
+    raise UmpError("ump_alloc.h not found: install the package (pip install ump-alloc)", _lib.ERR_CONFIG)
+
+
+def get_libdir() -> str:
+    """The directory holding the ``libump_alloc.so`` this package loads, for linking C code
+    against it: ``cc ... -L$(python -m ump_alloc --libdir) -Wl,-rpath,$(...) -lump_alloc``. Its
+    ``lib/pkgconfig`` holds ``ump_alloc.pc`` in an installed package."""
+    return _os.path.dirname(library_path())
+
+
 def _init() -> None:
+    _warn_unknown_vars()
     _lib.check(_lib.lib().ump_init(), "ump_init")
+
+
+def config_errors() -> list[str]:
+    """Problems with the ``UMP_ALLOC_*`` environment, without initialising: the configuration
+    error (which stops ump-alloc from starting), and a line per variable ump-alloc does not know
+    (a misspelling, with the closest known name)."""
+    out = []
+    if _lib.lib().ump_config_check() != _lib.OK:
+        msg = (last_error() or "invalid UMP_ALLOC_* setting").removeprefix("ump_config_check: ")
+        out.append(f"configuration error: {msg}")
+        clear_error()
+    out += [_unknown_message(n, near) for n, near in unknown_variables()]
+    return out
+
+
+def unknown_variables() -> list[tuple[str, str | None]]:
+    """``UMP_ALLOC*`` variables in the environment that ump-alloc does not read, each with the
+    closest known name (or None)."""
+    import difflib
+
+    known = {row["name"] for row in config_table()}
+    out = []
+    for name in sorted(_os.environ):
+        if name.startswith("UMP_ALLOC") and name not in known:
+            near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+            out.append((name, near[0] if near else None))
+    return out
+
+
+def _unknown_message(name: str, near: str | None) -> str:
+    hint = f"; did you mean {near}?" if near else " (python -m ump_alloc info lists the variables)"
+    return f"{name} is set but ump-alloc has no such variable{hint}"
+
+
+_warned_unknown = False
+
+
+def _warn_unknown_vars() -> None:
+    global _warned_unknown
+    if _warned_unknown:
+        return
+    _warned_unknown = True
+    for name, near in unknown_variables():
+        _warnings.warn(_unknown_message(name, near), RuntimeWarning, stacklevel=4)
 
 
 def mode() -> str:
@@ -631,6 +695,31 @@ class scope(_contextlib.ContextDecorator):
             live_bytes=int(r.live_bytes),
         )
         return False
+
+
+_LAZY = {"ZeroCopyBuffer", "asarray", "asnumpy", "is_zero_copy"}
+
+
+def __getattr__(name: str):
+    if name == "__version__":
+        # One source: Cargo.toml, compiled into the library (the package metadata reads it too).
+        try:
+            return version()
+        except (UmpError, OSError):
+            from importlib.metadata import version as _dist_version
+
+            return _dist_version("ump-alloc")
+    # The zero-copy functions import NumPy: loaded on first use, so that ``import ump_alloc``
+    # (and UMP_ALLOC=1's hook, which imports it at NumPy's import) imports no NumPy itself.
+    if name in _LAZY:
+        from . import _zerocopy
+
+        return getattr(_zerocopy, name)
+    raise AttributeError(f"module 'ump_alloc' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | _LAZY)
 
 
 del annotations  # from __future__; keep the namespace to the public API

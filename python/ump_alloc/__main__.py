@@ -11,13 +11,71 @@ import ump_alloc
 from ump_alloc import _lib
 
 
+def _dist_version(module: str) -> str | None:
+    """The installed version of ``module``'s distribution, without importing it; None when
+    the module is not installed."""
+    import importlib.metadata as md
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(module) is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    names = {"numba": ["numba-cuda", "numba"], "dask": ["dask"], "torch": ["torch"], "numpy": ["numpy"]}.get(module, [])
+    if module == "cupy":
+        names = sorted(d.metadata["Name"] for d in md.distributions() if (d.metadata["Name"] or "").lower().startswith("cupy"))
+    for n in names:
+        try:
+            return md.version(n)
+        except md.PackageNotFoundError:
+            continue
+    return "installed"
+
+
+def _what_it_means(problems_stop: bool) -> None:
+    """The configuration's meaning for this user: which libraries are here and what switches
+    them over."""
+    import os
+
+    on = os.environ.get("UMP_ALLOC", "").strip() not in ("", "0")
+    caps = ump_alloc.capabilities()
+    gpu = caps["cuda_available"] and caps["mode"] != "host"
+    print()
+    print("What this means here:")
+    if problems_stop:
+        print("  ump-alloc will not start: fix the configuration error above; a program run with")
+        print("  UMP_ALLOC=1 stops at its first import of NumPy, CuPy or PyTorch with that message.")
+    how = "UMP_ALLOC=1 is set: switched over as the program imports it" if on else "off until ump_alloc.enable() or UMP_ALLOC=1"
+    for module, label in (("numpy", "NumPy"), ("cupy", "CuPy"), ("torch", "PyTorch"), ("numba", "Numba"), ("dask", "Dask")):
+        v = _dist_version(module)
+        if v is None:
+            print(f"  {label:<8} not installed")
+            continue
+        if module in ("cupy", "torch") and not gpu:
+            what = "stays on its own allocator: no GPU mode here"
+        elif module == "numba":
+            mm = os.environ.get("NUMBA_CUDA_MEMORY_MANAGER", "")
+            what = ("switched over (NUMBA_CUDA_MEMORY_MANAGER=ump_alloc.numba)" if mm == "ump_alloc.numba"
+                    else "off until NUMBA_CUDA_MEMORY_MANAGER=ump_alloc.numba" + ("" if gpu else " (needs a GPU)"))
+        elif module == "dask":
+            what = "per cluster: ump_alloc.dask.register(client) sets up every worker"
+        else:
+            what = how
+        print(f"  {label:<8} {v:<12} {what}")
+
+
 def info() -> int:
+    problems = ump_alloc.config_errors()
+    fatal = any(p.startswith("configuration error:") for p in problems)
     print(f"ump-alloc {ump_alloc.version()}  library: {ump_alloc.library_path()}")
+    for p in problems:
+        print(p if p.startswith("configuration error:") else f"warning: {p}")
     print()
     print("Configuration (UMP_ALLOC_* environment variables, read once at the first allocation):")
     for row in ump_alloc.config_table():
         value = row["value"] if row["value"] is not None else f"(default {row['default']})"
-        print(f"  {row['name']:<22} = {value:<18} {row['help']}")
+        print(f"  {row['name']:<24} = {value:<16} {row['help']}")
     print()
     caps = ump_alloc.capabilities()
     if caps["cuda_available"]:
@@ -33,7 +91,8 @@ def info() -> int:
         print("CUDA: not available")
     state = "fixed" if caps["mode_fixed"] else "would be chosen"
     print()
-    print(f"Mode: {caps['mode']} ({state}); alignment {caps['alignment']} bytes")
+    align = f"{caps['alignment']} bytes" if caps["alignment"] else "invalid (see the configuration error)"
+    print(f"Mode: {caps['mode']} ({state}); alignment {align}")
     if caps["host_reason"] or caps["device_reason"]:
         print(f"  host side (NumPy):            {caps['host_side']}")
         print(f"    why: {caps['host_reason']}")
@@ -44,16 +103,21 @@ def info() -> int:
                   "arrays made before the fork")
     else:
         print(f"  why: {caps['mode_reason']}")
-    try:
-        import cupy  # noqa: F401
-    except Exception:  # noqa: BLE001 - no CuPy here: nothing to say
-        return 0
-    from ump_alloc import _cupy
+    if _dist_version("cupy") is not None and not fatal:
+        try:
+            import cupy  # noqa: F401
 
-    try:
-        print(f"CuPy allocator: {_cupy.describe()}")
-    except Exception as e:  # noqa: BLE001 - info must not fail
-        print(f"CuPy allocator: unknown ({e})")
+            from ump_alloc import _cupy
+
+            print(f"CuPy allocator: {_cupy.describe()}")
+        except Exception as e:  # noqa: BLE001 - info must not fail
+            print(f"CuPy allocator: unknown ({e})")
+    _what_it_means(fatal)
+    if fatal:
+        for p in problems:
+            if p.startswith("configuration error:"):
+                print(f"\n{p}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -119,7 +183,20 @@ def main(argv=None) -> int:
         "allocators on this machine.",
     )
     p.add_argument("command", choices=["demo", "info", "stats", "bench"], nargs="?", default="info")
+    p.add_argument("--version", action="version", version=f"ump-alloc {ump_alloc.__version__}")
+    p.add_argument("--include", action="store_true", help="print the directory of ump_alloc.h and exit")
+    p.add_argument("--libdir", action="store_true", help="print the directory of libump_alloc.so (and lib/pkgconfig) and exit")
     args = p.parse_args(argv)
+    if args.include or args.libdir:
+        try:
+            if args.include:
+                print(ump_alloc.get_include())
+            if args.libdir:
+                print(ump_alloc.get_libdir())
+        except _lib.UmpError as e:
+            print(f"ump_alloc: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         return {"demo": demo, "info": info, "stats": stats}[args.command]()
     except _lib.UmpError as e:

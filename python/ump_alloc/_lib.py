@@ -7,7 +7,6 @@ them and free through it, so the functions must outlive every array.
 from __future__ import annotations
 
 import ctypes
-import glob
 import os
 from ctypes import (
     POINTER,
@@ -220,6 +219,7 @@ SIGNATURES = {
     "ump_set_mode": (c_int, [c_char_p]),
     "ump_set_alignment": (c_int, [c_size_t]),
     "ump_set_limit": (c_int, [c_char_p]),
+    "ump_config_check": (c_int, []),
     "ump_alignment": (c_size_t, []),
     "ump_block_alignment": (c_size_t, [c_size_t]),
     "ump_current_mode": (c_int, []),
@@ -262,9 +262,9 @@ def library_path() -> str:
         if not os.path.exists(env):
             raise UmpError(f"UMP_ALLOC_LIBRARY={env!r} does not exist", ERR_CONFIG)
         return os.path.abspath(env)
-    found = sorted(glob.glob(os.path.join(_HERE, "libump_alloc*.so")))
-    if found:
-        return found[0]
+    packaged = os.path.join(_HERE, "libump_alloc.so")
+    if os.path.exists(packaged):
+        return packaged
     repo = os.path.dirname(os.path.dirname(_HERE))
     builds = [
         os.path.join(repo, "target", profile, "libump_alloc.so") for profile in ("release", "debug")
