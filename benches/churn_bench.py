@@ -133,12 +133,24 @@ def one(lib: str, which: str) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) == 3:
-        print("RESULT " + json.dumps(one(sys.argv[1], sys.argv[2])))
+    import argparse
+
+    import _benchutil
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("lib", nargs="?", choices=["cupy", "torch"], help="one run only (what the table runs)")
+    ap.add_argument("which", nargs="?", choices=["native", "ump"])
+    args = ap.parse_args()
+    if args.lib and args.which:
+        print("RESULT " + json.dumps(one(args.lib, args.which)))
         return
+    if args.lib or args.which:
+        ap.error("give both LIB and WHICH, or neither")
+    _benchutil.gpu_or_skip()
     results = {}
     for lib in ("cupy", "torch"):
         for which in ("native", "ump"):
+            print(f"running {lib}/{which} ...", file=sys.stderr, flush=True)
             out = subprocess.run(
                 [sys.executable, __file__, lib, which], capture_output=True, text=True, timeout=600
             )

@@ -18,6 +18,7 @@ import ctypes
 import json
 import mmap
 import os
+import sys
 import time
 
 import numpy as np
@@ -29,7 +30,10 @@ libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_i
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 MADV_HUGEPAGE = 14
-cu = ctypes.CDLL("libcuda.so.1")
+try:
+    cu = ctypes.CDLL("libcuda.so.1")
+except OSError:  # no CUDA driver: main() says "skipped"
+    cu = None
 
 
 def ck(rc, what):
@@ -227,6 +231,9 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    import _benchutil
+
+    _benchutil.gpu_or_skip("cupy")
     import cupy as cp
 
     n = int(args.gib * GiB)
@@ -236,7 +243,10 @@ def main():
     cu.cuDeviceGet(ctypes.byref(dev), 0)
     cu.cuDeviceGetAttribute(ctypes.byref(host_numa), 134, dev)  # HOST_NUMA_ID
     node = max(host_numa.value, 0)
-    rows = [measure(m, n, args.reps) for m in (Plain(), Register(True), Register(False), Vmm(node))]
+    rows = []
+    for m in (Plain(), Register(True), Register(False), Vmm(node)):
+        print(f"measuring {type(m).__name__} ...", file=sys.stderr, flush=True)
+        rows.append(measure(m, n, args.reps))
     print(f"{args.gib:g} GiB per method, best of {args.reps}; device 0's host NUMA node: {host_numa.value}")
     keys = ["make_ms_per_gib", "free_ms_per_gib", "cpu_write_gbs", "cpu_read_gbs", "kernel_rw_gbs",
             "h2d_copy_gbs", "d2h_copy_gbs", "numa_node", "child_read", "child_write", "child_writes_private"]

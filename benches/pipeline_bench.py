@@ -106,6 +106,9 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=1, help="extra kernel passes over the array (multi-pass workload)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    import _benchutil
+
+    _benchutil.gpu_or_skip()
     configs = args.configs.split(",")
     results = {}
     for lib in args.libs.split(","):

@@ -156,4 +156,14 @@ def cupy_alloc(reps=200_000):
 
 
 if __name__ == "__main__":
-    {"transfer": transfer, "bandwidth": bandwidth, "threshold": threshold, "cupy_alloc": cupy_alloc}[sys.argv[1]]()
+    import argparse
+
+    import _benchutil
+
+    commands = {"transfer": transfer, "bandwidth": bandwidth, "threshold": threshold, "cupy_alloc": cupy_alloc}
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=sorted(commands))
+    args = ap.parse_args()
+    _benchutil.gpu_or_skip("cupy")
+    print(f"running {args.command} ...", file=sys.stderr, flush=True)
+    commands[args.command]()

@@ -1,0 +1,22 @@
+"""Shared by the Python benchmarks: skip cleanly where the machine cannot run them."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+
+def gpu_or_skip(*modules: str) -> None:
+    """Exit 0 with one line ``skipped: ...`` unless a CUDA GPU and ``modules`` are present."""
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except Exception as e:  # noqa: BLE001 - any import failure means: cannot run here
+            print(f"skipped: needs {m} ({type(e).__name__}: {e})")
+            sys.exit(0)
+    import ump_alloc
+
+    caps = ump_alloc.capabilities()
+    if not caps["cuda_available"] or not caps["device_count"]:
+        print("skipped: no CUDA GPU on this machine (the benchmark measures GPU memory)")
+        sys.exit(0)

@@ -1,0 +1,49 @@
+"""Every benchmark script takes --help, and on a machine without a GPU (CI) the GPU ones skip
+cleanly: exit 0 with one "skipped: ..." line, never a traceback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import GPU
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHES = sorted(f for f in os.listdir(os.path.join(ROOT, "benches")) if f.endswith(".py") and not f.startswith("_"))
+GPU_BENCHES = {
+    "churn_bench.py": [],
+    "cupy_alloc_bench.py": ["--n", "10", "--rounds", "1"],
+    "pinned_probe.py": ["--gib", "0.01", "--reps", "1"],
+    "pipeline_bench.py": ["--mib", "1", "--iters", "1"],
+    "torch_patch_overhead_bench.py": [],
+    "torch_transfer_bench.py": [],
+    "zero_copy_bench.py": ["transfer"],
+}
+
+
+def _run(name, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benches", name), *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_every_bench_is_listed():
+    assert set(GPU_BENCHES) <= set(BENCHES)
+    assert len(BENCHES) >= 9, BENCHES
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_help(name):
+    r = _run(name, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "usage:" in r.stdout and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is here: the benchmarks would run, not skip")
+@pytest.mark.parametrize("name", sorted(GPU_BENCHES))
+def test_gpu_benches_skip_cleanly_without_a_gpu(name):
+    r = _run(name, *GPU_BENCHES[name])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1].startswith("skipped: "), r.stdout
+    assert "Traceback" not in r.stderr, r.stderr
