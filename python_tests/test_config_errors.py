@@ -22,19 +22,25 @@ def test_startup_imports_nothing_until_numpy():
     _pth()
     code = (
         "import sys\n"
-        "print('start:', sorted(m for m in ('numpy', 'ump_alloc', 'ctypes', 'threading', 'typing') if m in sys.modules))\n"
+        "print('start:', sorted(sys.modules))\n"
         "import ump_alloc\n"
         "print('ump_alloc alone:', 'numpy' in sys.modules)\n"
         "import numpy, ump_alloc\n"
         "print('after numpy:', ump_alloc.is_enabled())\n"
     )
-    r = run_python(code, env={"UMP_ALLOC": "1"})
-    assert "start: []" in r.stdout, r.stdout
-    assert "ump_alloc alone: False" in r.stdout, r.stdout
-    assert "after numpy: True" in r.stdout, r.stdout
-    # Control: without UMP_ALLOC, importing NumPy does not switch it over.
-    r = run_python(code)
-    assert "after numpy: False" in r.stdout, r.stdout
+
+    def start(out):
+        line = next(x for x in out.splitlines() if x.startswith("start: "))
+        return set(eval(line[len("start: "):]))
+
+    on = run_python(code, env={"UMP_ALLOC": "1"})
+    off = run_python(code)  # the control: what this interpreter imports anyway (other .pth files)
+    added = start(on.stdout) - start(off.stdout)
+    assert added <= {"_ump_alloc_hooks", "__future__"}, sorted(added)
+    assert not {"numpy", "ump_alloc", "ctypes"} & start(on.stdout)
+    assert "ump_alloc alone: False" in on.stdout, on.stdout
+    assert "after numpy: True" in on.stdout, on.stdout
+    assert "after numpy: False" in off.stdout, off.stdout
 
 
 @pytest.mark.parametrize(

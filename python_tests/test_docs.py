@@ -8,6 +8,8 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not os.path.exists(os.path.join(ROOT, "Cargo.toml")):
+    pytest.skip("not a checkout (the device runs a staged copy of python/ and python_tests/)", allow_module_level=True)
 
 
 def _c_quickstart():
