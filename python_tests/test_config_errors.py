@@ -151,3 +151,6 @@ def test_command_line_version_and_help():
     r = subprocess.run([sys.executable, "-m", "ump_alloc", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "usage:" in r.stdout
     assert "``" not in r.stdout and ":func:" not in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, "-m", "ump_alloc", "bench", "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "usage:" in r.stdout
+    assert "``" not in r.stdout and ":func:" not in r.stdout, r.stdout

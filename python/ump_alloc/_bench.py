@@ -262,7 +262,7 @@ def plot(result: dict, path: str) -> None:
 def main(argv: Iterable[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m ump_alloc bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ump_alloc bench", description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
     p.add_argument("--plot", metavar="FILE.png", help="draw a chart (needs matplotlib)")
