@@ -249,6 +249,10 @@ pub struct DeviceCaps {
     pub host_register_supported: bool,
     /// CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM.
     pub host_pointer_for_registered_mem: bool,
+    /// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, and the driver has every
+    /// `cuMem{AddressReserve,Create,Map,SetAccess,...}` call: device pools reserve address space
+    /// and map physical memory into it as they grow (`backing::vmm`).
+    pub virtual_memory: bool,
     pub total_memory: u64,
 }
 
@@ -512,6 +516,7 @@ mod tests {
             concurrent_managed_access: managed,
             host_register_supported: reg,
             host_pointer_for_registered_mem: reg,
+            virtual_memory: true,
             total_memory: 1 << 30,
         }
     }

@@ -54,6 +54,100 @@ pub unsafe fn unmap(ptr: NonNull<u8>, size: usize) {
     unsafe { libc::munmap(ptr.as_ptr().cast(), size) };
 }
 
+/// Reserve `size` bytes of address space aligned to `align` with no memory behind it
+/// (`PROT_NONE`, not counted against overcommit): [`commit`] makes parts of it usable.
+pub fn reserve(size: usize, align: usize) -> Option<NonNull<u8>> {
+    debug_assert!(align.is_power_of_two() && size % page_size() == 0);
+    let span = size.checked_add(align)?;
+    // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return None;
+    }
+    let start = raw as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    let (head, tail) = (aligned - start, span - (aligned - start) - size);
+    if head > 0 {
+        // SAFETY: the unaligned head of the mapping made above, unused.
+        unsafe { libc::munmap(raw, head) };
+    }
+    if tail > 0 {
+        // SAFETY: the unused end of the same mapping.
+        unsafe { libc::munmap((aligned + size) as *mut libc::c_void, tail) };
+    }
+    NonNull::new(aligned as *mut u8)
+}
+
+/// Make `[ptr, ptr+size)` (page-aligned, inside a reservation) readable and writable. Pages
+/// read as zero until written. Returns false when the OS refuses (no memory).
+pub fn commit(ptr: *mut u8, size: usize) -> bool {
+    // SAFETY: the caller's range lies in a reservation of ours; mprotect changes no contents.
+    unsafe { libc::mprotect(ptr.cast(), size, libc::PROT_READ | libc::PROT_WRITE) == 0 }
+}
+
+/// Give the memory of `[ptr, ptr+size)` back and make the range inaccessible again (a touch
+/// faults); it stays reserved.
+///
+/// # Safety
+/// Nothing uses the range any more.
+pub unsafe fn decommit(ptr: *mut u8, size: usize) {
+    // SAFETY: the caller guarantees the range is ours and unused; a fixed PROT_NONE mapping
+    // over it drops its pages in one call.
+    unsafe {
+        libc::mmap(
+            ptr.cast(),
+            size,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+}
+
+/// Grow the mapping `[ptr, ptr+old)` to `new` bytes: in place when the address space after
+/// it is free, else by moving its pages to a fresh range aligned to `align`
+/// (`mremap(MREMAP_MAYMOVE | MREMAP_FIXED)`: page tables move, no byte is copied). Returns the
+/// address it ends at, or None when the OS refuses (the old mapping is then unchanged).
+///
+/// # Safety
+/// `[ptr, ptr+old)` is a whole private anonymous mapping of ours; when the address returned
+/// differs from `ptr`, the old range is gone and must not be used.
+pub unsafe fn remap(ptr: NonNull<u8>, old: usize, new: usize, align: usize) -> Option<NonNull<u8>> {
+    // SAFETY: forwarded from the caller; without MREMAP_MAYMOVE the mapping stays put or
+    // nothing changes.
+    let p = unsafe { libc::mremap(ptr.as_ptr().cast(), old, new, 0) };
+    if p != libc::MAP_FAILED {
+        return Some(ptr);
+    }
+    let dest = reserve(new, align)?;
+    // SAFETY: `dest` is a reservation of ours, which the move replaces as a whole.
+    let p = unsafe {
+        libc::mremap(
+            ptr.as_ptr().cast(),
+            old,
+            new,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            dest.as_ptr(),
+        )
+    };
+    if p == libc::MAP_FAILED {
+        // SAFETY: the reservation made above, unused.
+        unsafe { libc::munmap(dest.as_ptr().cast(), new) };
+        return None;
+    }
+    Some(dest)
+}
+
 /// Ask for transparent huge pages on a range, as NumPy's default allocator does for blocks of
 /// 4 MiB and more. Only whole pages inside the range are advised. Advisory: errors are ignored.
 pub fn advise_hugepage(ptr: *mut u8, size: usize) {

@@ -13,11 +13,19 @@
 use crate::error::{Error, Result, Status};
 use crate::mode::{DeviceCaps, MachineCaps};
 use cudarc::driver::sys::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUmem_advise, CUmemLocation,
-    CUmemLocationType, CUpointer_attribute, CUstream,
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUmem_advise, CUmemAccessDesc,
+    CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemGenericAllocationHandle,
+    CUmemLocation, CUmemLocationType, CUpointer_attribute, CUstream,
 };
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::{Mutex, OnceLock};
+
+mod managed;
+mod vmm;
+pub use managed::{discard, discard_and_prefetch, has_discard};
+pub use vmm::{
+    map_pieces, set_access, unmap_range, unreserve, vmm_granularity, vmm_release, vmm_reserve,
+};
 
 /// A driver return code.
 pub type CuResult = c_int;
@@ -103,6 +111,18 @@ driver_table! {
     optional:
     cuMemPrefetchAsync_v2: fn(CUdeviceptr, usize, CUmemLocation, c_uint, CUstream);
     cuMemAdvise_v2: fn(CUdeviceptr, usize, CUmem_advise, CUmemLocation);
+    // Virtual memory management (CUDA 10.2+).
+    cuMemGetAllocationGranularity: fn(*mut usize, *const CUmemAllocationProp, CUmemAllocationGranularity_flags);
+    cuMemAddressReserve: fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64);
+    cuMemAddressFree: fn(CUdeviceptr, usize);
+    cuMemCreate: fn(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64);
+    cuMemRelease: fn(CUmemGenericAllocationHandle);
+    cuMemMap: fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64);
+    cuMemUnmap: fn(CUdeviceptr, usize);
+    cuMemSetAccess: fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize);
+    // Managed-memory residency in batches (CUDA 13).
+    cuMemDiscardBatchAsync: fn(*mut CUdeviceptr, *mut usize, usize, u64, CUstream);
+    cuMemDiscardAndPrefetchBatchAsync: fn(*mut CUdeviceptr, *mut usize, usize, *mut CUmemLocation, *mut usize, usize, u64, CUstream);
 }
 
 /// The driver, or why there is none.
@@ -284,6 +304,12 @@ pub fn probe() -> MachineCaps {
                 dev,
                 A::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
             ) != 0,
+            virtual_memory: vmm::supported(d)
+                && device_attr(
+                    d,
+                    dev,
+                    A::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+                ) != 0,
             total_memory: total as u64,
         });
     }
