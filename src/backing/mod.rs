@@ -8,6 +8,9 @@ use crate::registry::GRANULE;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+pub mod vmm;
+pub use vmm::{Space, VmmBacking};
+
 /// What kind of memory a block is, as reported by `ump_identify`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -86,6 +89,70 @@ pub trait Backing: Send + Sync {
     /// Per-block advice when a block of `size` bytes is first handed out at `ptr`
     /// (huge pages for host memory). Advisory.
     fn advise_block(&self, _ptr: usize, _size: usize) {}
+    /// The length of the chunk a request of `len` bytes (a granule multiple) is cut from:
+    /// an arena small blocks share, or a chunk of its own for a large request.
+    fn chunk_len(&self, len: usize) -> usize {
+        if len >= crate::pool::ARENA / 2 {
+            len
+        } else {
+            crate::pool::ARENA
+        }
+    }
+
+    // ---- growth in place (realloc) --------------------------------------------------------
+
+    /// Grow `chunk` to `size` bytes keeping its contents, without copying: in place, or by
+    /// moving its pages to a new address (`mremap`). Returns the chunk as it is now (`base`
+    /// may differ), or None when the backing cannot (the chunk is then unchanged).
+    ///
+    /// # Safety
+    /// `chunk` came from `map` on this backing and holds one live block, which nothing
+    /// touches during the call; when the base moves, its old addresses are gone.
+    unsafe fn grow(&self, _chunk: &Chunk, _size: usize) -> Option<Chunk> {
+        None
+    }
+
+    // ---- lazily committed backings (virtual memory, `vmm`) --------------------------------
+
+    /// For backings whose chunks are address space only: the unit physical memory is
+    /// committed in. None (the default): a chunk is wholly backed when mapped.
+    fn commit_page(&self) -> Option<usize> {
+        None
+    }
+    /// Bytes that [`commit`](Self::commit) of `[addr, addr+len)` would add.
+    fn uncommitted(&self, _addr: usize, _len: usize) -> usize {
+        0
+    }
+    /// Back every page of `[addr, addr+len)` (inside a chunk) that has no physical memory.
+    /// Returns the bytes committed; on failure nothing changed.
+    fn commit(&self, _addr: usize, _len: usize) -> Result<usize> {
+        Ok(0)
+    }
+    /// Give back the physical memory of every piece wholly inside `[addr, addr+len)`.
+    /// Returns the bytes given back.
+    ///
+    /// # Safety
+    /// No live block overlaps the range and no queued work touches it.
+    unsafe fn decommit(&self, _addr: usize, _len: usize) -> usize {
+        0
+    }
+    /// Bytes of `[addr, addr+len)` backed by physical memory (all of it, by default).
+    fn committed(&self, _addr: usize, len: usize) -> usize {
+        len
+    }
+    /// Bytes of physical memory `chunk` holds now (all of it, by default).
+    fn physical(&self, chunk: &Chunk) -> usize {
+        chunk.size
+    }
+    /// The longest backed run inside `[addr, addr+len)`.
+    fn longest_committed(&self, _addr: usize, len: usize) -> usize {
+        len
+    }
+    /// Fork: take the backing's own lock, if it has one (after every pool lock), and hand
+    /// over its guard to hold until the fork is over.
+    fn fork_lock(&self) -> Option<Box<dyn std::any::Any>> {
+        None
+    }
 }
 
 /// Blocks of at least this size get transparent huge pages on host-memory backings, as NumPy's
