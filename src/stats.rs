@@ -13,9 +13,12 @@ pub struct PoolStats {
     /// take the sum below zero for a moment. Read it through [`in_use`](Self::in_use).
     in_use: AtomicIsize,
     pub in_use_peak: AtomicUsize,
-    /// Bytes currently obtained from the backing.
+    /// Bytes of physical memory currently obtained from the backing.
     pub mapped: AtomicUsize,
     pub mapped_peak: AtomicUsize,
+    /// Bytes of the chunks held (address space): `mapped` plus what a lazily committed
+    /// backing has reserved but not committed, plus rounding.
+    pub reserved: AtomicUsize,
     pub allocs: AtomicU64,
     pub frees: AtomicU64,
     /// Allocations served without calling the backing. Counts served by a thread's cache
@@ -34,6 +37,7 @@ macro_rules! zero_stats {
             in_use_peak: AtomicUsize::new(0),
             mapped: AtomicUsize::new(0),
             mapped_peak: AtomicUsize::new(0),
+            reserved: AtomicUsize::new(0),
             allocs: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             hits: AtomicU64::new(0),
@@ -148,6 +152,22 @@ impl PoolStats {
         self.mapped.fetch_sub(n, Ordering::Relaxed);
         if let Some(p) = self.parent {
             p.on_unmap(n);
+        }
+    }
+
+    /// A chunk of `n` bytes of address space was taken from the backing.
+    pub fn on_reserve(&self, n: usize) {
+        self.reserved.fetch_add(n, Ordering::Relaxed);
+        if let Some(p) = self.parent {
+            p.on_reserve(n);
+        }
+    }
+
+    /// A chunk of `n` bytes of address space went back to the backing.
+    pub fn on_unreserve(&self, n: usize) {
+        self.reserved.fetch_sub(n, Ordering::Relaxed);
+        if let Some(p) = self.parent {
+            p.on_unreserve(n);
         }
     }
 

@@ -294,10 +294,12 @@ impl StreamPools {
         {
             let _ = cuda::device_synchronize(self.device);
         }
+        let phys = self.backing.physical(&chunk);
         // SAFETY: the chunk is wholly free, registered nowhere, and its stream's work is done.
         unsafe { self.backing.unmap(&chunk) };
-        self.stats.on_unmap(chunk.size);
-        chunk.size
+        self.stats.on_unmap(phys);
+        self.stats.on_unreserve(chunk.raw_size);
+        phys
     }
 
     /// Give every orphan back. Returns the bytes given back.
@@ -430,7 +432,10 @@ impl StreamPools {
 
     /// Free bytes held by every stream's pool and the orphans.
     pub fn cached_bytes(&self) -> usize {
-        let orphans: usize = lock(&self.orphans).iter().map(|o| o.0.size).sum();
+        let orphans: usize = lock(&self.orphans)
+            .iter()
+            .map(|o| self.backing.physical(&o.0))
+            .sum();
         self.iter().map(|p| p.cached_bytes()).sum::<usize>() + orphans
     }
 
@@ -442,6 +447,13 @@ impl StreamPools {
     /// Fork: the lock that makes and recycles pools (taken before any pool's locks).
     pub(crate) fn fork_lock_create(&'static self, held: &mut crate::fork::Held) {
         held.push(lock(&self.create));
+    }
+
+    /// Fork: the backing's own lock (a virtual-memory space), after the recorded-stream table.
+    pub(crate) fn fork_lock_backing(&'static self, held: &mut crate::fork::Held) {
+        if let Some(g) = self.backing.fork_lock() {
+            held.push(g);
+        }
     }
 
     /// Fork: the orphan list (taken after every pool's large lock).

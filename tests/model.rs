@@ -15,7 +15,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use ump_alloc::Status;
-use ump_alloc::backing::{HostBacking, Kind};
+use ump_alloc::backing::vmm::{OsPages, Space};
+use ump_alloc::backing::{Backing, HostBacking, Kind, VmmBacking};
 use ump_alloc::pool::{self, Pool, flush_thread_counts};
 use ump_alloc::stats::PoolStats;
 use ump_alloc::stream::{self, StreamPools};
@@ -338,7 +339,18 @@ struct Block {
 
 /// Pools (and stream-pool groups) are leaked by design, so cases reuse them: a case takes one
 /// of its configuration and gives it back when it ends clean (nothing live, nothing mapped).
-type Key = (usize, usize, Option<usize>);
+/// (alignment, retain, limit, lazily committed).
+type Key = (usize, usize, Option<usize>, bool);
+
+/// A lazily committed space like a device's (2 MiB pages), over host pages that fault when
+/// touched uncommitted: every write the model makes to a live block checks its pages.
+fn lazy_space() -> &'static Space {
+    Space::new(
+        Box::new(OsPages::new(Kind::UMP_KIND_SYSTEM, 0)),
+        2 * MIB,
+        4 << 30,
+    )
+}
 static POOLS: Mutex<Vec<(Key, &'static Pool)>> = Mutex::new(Vec::new());
 static GROUPS: Mutex<Vec<(Key, &'static StreamPools)>> = Mutex::new(Vec::new());
 
@@ -346,12 +358,14 @@ fn take_pool(key: Key) -> &'static Pool {
     let mut v = POOLS.lock().unwrap_or_else(|e| e.into_inner());
     match v.iter().position(|e| e.0 == key) {
         Some(i) => v.swap_remove(i).1,
-        None => Pool::new(
-            Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
-            key.0,
-            key.2,
-            key.1,
-        ),
+        None => {
+            let backing: Box<dyn Backing> = if key.3 {
+                Box::new(VmmBacking::new(lazy_space()))
+            } else {
+                Box::new(HostBacking::new(Kind::UMP_KIND_HOST))
+            };
+            Pool::new(backing, key.0, key.2, key.1)
+        }
     }
 }
 
@@ -361,7 +375,12 @@ fn take_group(key: Key) -> &'static StreamPools {
         Some(i) => v.swap_remove(i).1,
         None => StreamPools::new(
             0,
-            Box::new(|| Box::new(HostBacking::for_device(Kind::UMP_KIND_SYSTEM, 0))),
+            if key.3 {
+                let sp = lazy_space();
+                Box::new(move || Box::new(VmmBacking::new(sp)))
+            } else {
+                Box::new(|| Box::new(HostBacking::for_device(Kind::UMP_KIND_SYSTEM, 0)))
+            },
             key.0,
             key.2,
             key.1,
@@ -437,14 +456,14 @@ impl Drop for Harness {
 }
 
 impl Harness {
-    fn for_pool(align: usize, retain: usize, limit: Option<usize>) -> Self {
-        let key = (align, retain, limit);
+    fn for_pool(align: usize, retain: usize, limit: Option<usize>, lazy: bool) -> Self {
+        let key = (align, retain, limit, lazy);
         let p = take_pool(key);
         Self::new(key, Some(p), None, p.stats, limit)
     }
 
-    fn for_group(align: usize, retain: usize, limit: Option<usize>) -> Self {
-        let key = (align, retain, limit);
+    fn for_group(align: usize, retain: usize, limit: Option<usize>, lazy: bool) -> Self {
+        let key = (align, retain, limit, lazy);
         let g = take_group(key);
         Self::new(key, None, Some(g), g.stats, limit)
     }
@@ -1101,11 +1120,12 @@ fn limit() -> impl Strategy<Value = Option<usize>> {
     ]
 }
 
-fn setup() -> impl Strategy<Value = (usize, usize, Option<usize>)> {
+fn setup() -> impl Strategy<Value = (usize, usize, Option<usize>, bool)> {
     (
         prop::sample::select(vec![16usize, 64, 512, 4096]),
         prop::sample::select(vec![0usize, 64 * MIB, usize::MAX]),
         limit(),
+        prop::bool::weighted(0.3),
     )
 }
 
@@ -1115,11 +1135,11 @@ proptest! {
     /// One host pool against the model.
     #[test]
     fn pool_matches_model(
-        (align, retain, limit) in setup(),
+        (align, retain, limit, lazy) in setup(),
         ops in prop::collection::vec(op(false), 50..=400),
     ) {
         let _serial = serial();
-        in_fresh_thread(move || Harness::for_pool(align, retain, limit).run(&ops));
+        in_fresh_thread(move || Harness::for_pool(align, retain, limit, lazy).run(&ops));
     }
 }
 
@@ -1131,11 +1151,11 @@ proptest! {
     /// blocks are freed later, and handles used again after a retire.
     #[test]
     fn stream_pools_match_model(
-        (align, retain, limit) in setup(),
+        (align, retain, limit, lazy) in setup(),
         ops in prop::collection::vec(op(true), 50..=400),
     ) {
         let _serial = serial();
-        in_fresh_thread(move || Harness::for_group(align, retain, limit).run(&ops));
+        in_fresh_thread(move || Harness::for_group(align, retain, limit, lazy).run(&ops));
     }
 }
 
@@ -1149,7 +1169,7 @@ proptest! {
 fn large_block_over_a_released_slab_is_not_reported_zeroed() {
     let _serial = serial();
     in_fresh_thread(|| {
-        let mut h = Harness::for_pool(512, usize::MAX, None);
+        let mut h = Harness::for_pool(512, usize::MAX, None, false);
         let p = h.pool.expect("pool");
         h.step = "alloc(1 MiB): keeps the arena mapped".into();
         h.alloc(p, MIB).expect("alloc");

@@ -32,11 +32,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod class;
+mod commit;
 mod slab;
 mod span;
 mod tcache;
 
 pub use class::ClassTable;
+
 use slab::{ClassState, Slab};
 use span::{Large, Span};
 pub use tcache::flush_thread_counts;
@@ -106,11 +108,15 @@ pub struct PoolReport {
     pub stream: usize,
     /// Whether its stream was retired.
     pub retired: bool,
-    /// Bytes of the chunks it holds (mapped from the backing).
+    /// Bytes of physical memory it holds (its chunks; for a lazily committed pool, the pages
+    /// committed in them).
     pub mapped: usize,
+    /// Bytes of address space its chunks hold (equal to `mapped` unless lazily committed).
+    pub reserved: usize,
     /// Free bytes ready for reuse (spans, slots of partly used slabs, kept slabs).
     pub cached: usize,
-    /// The largest free span: the largest block that fits without mapping more.
+    /// The largest free span: the largest block that fits without mapping (or committing)
+    /// more.
     pub largest_free: usize,
 }
 
@@ -157,6 +163,10 @@ pub struct Pool {
     decay_ms: AtomicU64,
     /// Milliseconds since `EPOCH` when idle chunks are next due to go back (0: none waiting).
     decay_due: AtomicU64,
+    /// The backing's commit unit when it commits lazily (see `commit`).
+    page: Option<usize>,
+    /// Lazily committed pools: milliseconds since `EPOCH` when free spans are next looked at.
+    purge_due: AtomicU64,
 }
 
 /// The clock `decay_due` counts from.
@@ -287,6 +297,7 @@ impl Pool {
             .map(|_| Mutex::new(ClassState::default()))
             .collect();
         let hot = (0..table.len()).map(|_| AtomicUsize::new(0)).collect();
+        let page = backing.commit_page();
         Box::leak(Box::new(Pool {
             kind: backing.kind(),
             device: backing.device(),
@@ -305,6 +316,8 @@ impl Pool {
             unmapped: AtomicUsize::new(0),
             decay_ms: AtomicU64::new(0),
             decay_due: AtomicU64::new(0),
+            page,
+            purge_due: AtomicU64::new(0),
         }))
     }
 
@@ -445,6 +458,9 @@ impl Pool {
         self.release_empty_slabs();
         let mut lg = lock(&self.large);
         self.flush_quick(&mut lg);
+        if self.lazy() {
+            self.purge(&mut lg, commit::Purge::All);
+        }
         self.release_free_chunks(&mut lg, 0);
         drop(lg);
         self.unmapped.load(Ordering::Relaxed) - before
@@ -488,14 +504,20 @@ impl Pool {
 
     /// What this pool holds now (read under its locks, one at a time: a snapshot per field).
     pub fn report(&'static self) -> PoolReport {
-        let (mapped, largest_free) = {
+        let (mapped, reserved, largest_free) = {
             let lg = lock(&self.large);
-            (lg.chunk_bytes(), lg.largest_free())
+            let largest = if self.lazy() {
+                self.largest_committed_free(&lg)
+            } else {
+                lg.largest_free()
+            };
+            (self.mapped_of(&lg), lg.chunk_bytes(), largest)
         };
         PoolReport {
             stream: self.stream(),
             retired: self.is_retired(),
             mapped,
+            reserved,
             cached: self.cached_bytes(),
             largest_free,
         }
@@ -503,7 +525,14 @@ impl Pool {
 
     /// Bytes of free memory held in chunks, slabs and thread caches (mapped, not handed out).
     pub fn cached_bytes(&'static self) -> usize {
-        let spans = lock(&self.large).free_bytes();
+        let spans = {
+            let lg = lock(&self.large);
+            if self.lazy() {
+                lg.free_committed()
+            } else {
+                lg.free_bytes()
+            }
+        };
         let slots: usize = self
             .classes
             .iter()

@@ -6,6 +6,7 @@
 //! `release_slab_span`. A free that reaches a span therefore sees a consistent state: only a
 //! `SPAN_USED` span whose start is the pointer is freed, exactly once.
 
+use super::commit::Lazy;
 use super::*;
 use crate::backing::HUGEPAGE_MIN;
 use std::collections::{BTreeMap, VecDeque};
@@ -17,6 +18,8 @@ pub(super) const SPAN_USED: u8 = 1;
 pub(super) const SPAN_SLAB: u8 = 2;
 /// Freed, kept whole in the exact-size list (not in the free set, never merged).
 const SPAN_CACHED: u8 = 3;
+/// Being handed out while its pages are committed (neither free nor a live block yet).
+const SPAN_TAKING: u8 = 4;
 
 /// Freed spans kept whole for reuse by a request of exactly their length (PyTorch's and
 /// CuPy's common case: the same shapes every iteration). Bounded; the oldest is merged into
@@ -31,7 +34,7 @@ pub struct Span {
     pub(super) pool: &'static Pool,
     start: AtomicUsize,
     len: AtomicUsize,
-    state: AtomicU8,
+    pub(super) state: AtomicU8,
     /// Requested bytes while used.
     pub(super) req: AtomicUsize,
     chunk_base: AtomicUsize,
@@ -39,11 +42,19 @@ pub struct Span {
     /// Whether the span may hold non-zero bytes (false only for never-used backing memory
     /// that reads as zero).
     dirty: AtomicBool,
+    /// Lazily committed pools: the epoch the span was last freed in (see `commit`).
+    pub(super) free_epoch: AtomicU64,
+    /// When it went into the exact-size list (milliseconds, `epoch_ms`).
+    pub(super) free_since: AtomicU64,
 }
 
 impl Span {
     pub(super) fn start(&self) -> usize {
         self.start.load(Ordering::Acquire)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
     }
 
     /// Record a new requested size for the live block that starts at `base`.
@@ -53,10 +64,6 @@ impl Span {
         }
         self.req.store(n, Ordering::Relaxed);
         true
-    }
-
-    fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
     }
 
     fn key(&self) -> (usize, usize) {
@@ -92,7 +99,7 @@ impl Span {
 #[derive(Default)]
 pub(crate) struct Large {
     /// Free spans by (length, start).
-    free: BTreeMap<(usize, usize), &'static Span>,
+    pub(super) free: BTreeMap<(usize, usize), &'static Span>,
     free_bytes: usize,
     /// The wholly free chunks among `free` (what can go back to the backing).
     idle: BTreeMap<(usize, usize), &'static Span>,
@@ -105,16 +112,23 @@ pub(crate) struct Large {
     /// for the event; this stream may use it at once.
     events: Vec<(usize, cuda::Event)>,
     /// The exact-size list (oldest first): spans in state CACHED.
-    quick: VecDeque<&'static Span>,
+    pub(super) quick: VecDeque<&'static Span>,
     quick_bytes: usize,
     /// Pools with a decay: when each wholly free chunk (by base) fell idle.
     idle_since: BTreeMap<usize, Instant>,
+    /// Lazily committed pools: what is committed and what may be purged.
+    pub(super) lazy: Lazy,
 }
 
 impl Large {
-    /// Bytes of the chunks this pool holds.
+    /// Bytes of the chunks this pool holds (address space, for a lazily committed pool).
     pub(super) fn chunk_bytes(&self) -> usize {
         self.chunks.values().map(|c| c.size).sum()
+    }
+
+    /// Free committed bytes of a lazily committed pool (free spans, the exact-size list).
+    pub(super) fn free_committed(&self) -> usize {
+        self.lazy.committed.saturating_sub(self.lazy.used)
     }
 
     /// The largest block that fits without mapping more: the largest free span once the
@@ -191,6 +205,10 @@ impl Pool {
             _ => return Err(Error::not_ours(format!("{ptr:#x} is not a live block"))),
         }
         let n = sp.req.load(Ordering::Relaxed);
+        if self.lazy() {
+            lg.lazy.used -= len;
+            sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
+        }
         if sp.is_whole_chunk() || len > QUICK_MAX_BYTES.min(self.retain) || self.is_retired() {
             // A chunk of its own (the free set reuses it as cheaply, and it may go idle), more
             // than the list may hold, or a retired stream's block (its chunk must fall idle).
@@ -198,6 +216,10 @@ impl Pool {
             self.insert_free(&mut lg, sp);
         } else {
             sp.state.store(SPAN_CACHED, Ordering::Release);
+            if self.lazy() {
+                sp.free_since
+                    .store(epoch_ms(Instant::now()), Ordering::Relaxed);
+            }
             lg.quick.push_back(sp);
             lg.quick_bytes += len;
             while lg.quick.len() > QUICK_MAX || lg.quick_bytes > QUICK_MAX_BYTES {
@@ -206,14 +228,22 @@ impl Pool {
             }
         }
         self.enforce_retain(&mut lg);
+        if self.lazy() {
+            self.purge_if_due(&mut lg);
+        }
         Ok(n)
     }
 
-    /// Move a span from the exact-size list into the free set (merging it).
-    fn uncache(&'static self, lg: &mut Large, sp: &'static Span) {
+    /// Move a span from the exact-size list into the free set (merging it). Returns the free
+    /// span it became part of (None when its chunk went to the device's orphans).
+    pub(super) fn uncache(
+        &'static self,
+        lg: &mut Large,
+        sp: &'static Span,
+    ) -> Option<&'static Span> {
         lg.quick_bytes -= sp.len();
         sp.state.store(SPAN_FREE, Ordering::Release);
-        self.insert_free(lg, sp);
+        self.insert_free(lg, sp)
     }
 
     /// Merge every span of the exact-size list into the free set. Returns whether any was.
@@ -287,8 +317,15 @@ impl Pool {
         // takes the span path and sees a free span.
         registry::set_range(sp.start(), sp.len(), sp as *const Span as usize | TAG_SPAN);
         sp.state.store(SPAN_FREE, Ordering::Release);
+        if self.lazy() {
+            lg.lazy.used -= sp.len();
+            sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
+        }
         self.insert_free(&mut lg, sp);
         self.enforce_retain(&mut lg);
+        if self.lazy() {
+            self.purge_if_due(&mut lg);
+        }
     }
 
     /// Take a span of exactly `len` bytes (granule multiple) in state `state` (USED or SLAB),
@@ -303,49 +340,62 @@ impl Pool {
 
     fn take_span_for(&'static self, len: usize, state: u8, req: usize) -> Result<&'static Span> {
         self.decay_if_due();
-        let chunk_len = if len >= ARENA / 2 { len } else { ARENA };
+        if self.lazy() {
+            self.purge_if_due(&mut lock(&self.large));
+        }
+        let chunk_len = self.backing.chunk_len(len);
         let mut retried = false;
         loop {
-            if let Some(g) = self.group {
-                {
-                    let mut lg = lock(&self.large);
-                    if let Some(sp) = self.take_fit(&mut lg, len) {
-                        return Ok(self.finish_take(&mut lg, sp, len, state, req));
-                    }
-                }
-                // No lock of ours is held while other pools' locks are taken.
-                if let Some(chunk) = g.steal(self, len) {
-                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                    let mut lg = lock(&self.large);
-                    lg.chunks.insert(chunk.base, chunk);
-                    let sp = self.chunk_span(&mut lg, &chunk, true);
-                    return Ok(self.finish_take(&mut lg, sp, len, state, req));
-                }
-                g.make_room(chunk_len, len);
+            let e = match self.try_take(len, chunk_len, state, req) {
+                Ok(sp) => return Ok(sp),
+                Err(e) => e,
+            };
+            // The backing refused by policy (a cap, a fork() child): reclaiming changes
+            // nothing, and the caller may fall back to other memory.
+            if retried || e.status == crate::error::Status::UMP_ERR_UNSUPPORTED {
+                return Err(e);
             }
-            let mut lg = lock(&self.large);
-            if let Some(sp) = self.take_fit(&mut lg, len) {
-                return Ok(self.finish_take(&mut lg, sp, len, state, req));
-            }
-            match self.map_chunk(&mut lg, chunk_len, len) {
-                Ok(chunk) => {
-                    self.stats.misses.fetch_add(1, Ordering::Relaxed);
-                    let dirty = !self.backing.fresh_is_zero();
-                    let sp = self.chunk_span(&mut lg, &chunk, dirty);
-                    return Ok(self.finish_take(&mut lg, sp, len, state, req));
-                }
-                // The backing refused by policy (a cap, a fork() child): reclaiming changes
-                // nothing, and the caller may fall back to other memory.
-                Err(e) if retried || e.status == crate::error::Status::UMP_ERR_UNSUPPORTED => {
-                    return Err(e);
-                }
-                Err(_) => {
-                    drop(lg);
-                    self.reclaim_for_retry();
-                    retried = true;
-                }
-            }
+            self.reclaim_for_retry();
+            retried = true;
         }
+    }
+
+    /// One try of [`take_span_for`](Self::take_span_for): a fit, another stream's idle chunk,
+    /// or a new chunk.
+    fn try_take(
+        &'static self,
+        len: usize,
+        chunk_len: usize,
+        state: u8,
+        req: usize,
+    ) -> Result<&'static Span> {
+        if let Some(g) = self.group {
+            {
+                let mut lg = lock(&self.large);
+                if let Some(sp) = self.take_fit(&mut lg, len) {
+                    return self.finish_take(&mut lg, sp, len, state, req, true);
+                }
+            }
+            // No lock of ours is held while other pools' locks are taken.
+            if let Some(chunk) = g.steal(self, len) {
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                let mut lg = lock(&self.large);
+                self.attach_chunk(&mut lg, chunk);
+                let sp = self.chunk_span(&mut lg, &chunk, true);
+                return self.finish_take(&mut lg, sp, len, state, req, true);
+            }
+            // A lazily committed chunk costs no memory until its pages are committed.
+            g.make_room(if self.lazy() { len } else { chunk_len }, len);
+        }
+        let mut lg = lock(&self.large);
+        if let Some(sp) = self.take_fit(&mut lg, len) {
+            return self.finish_take(&mut lg, sp, len, state, req, true);
+        }
+        let chunk = self.map_chunk(&mut lg, chunk_len, len)?;
+        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        let dirty = !self.backing.fresh_is_zero();
+        let sp = self.chunk_span(&mut lg, &chunk, dirty);
+        self.finish_take(&mut lg, sp, len, state, req, false)
     }
 
     /// Best fit for `len` bytes from this pool's free spans, out of the set.
@@ -377,7 +427,9 @@ impl Pool {
         Some(sp)
     }
 
-    /// Cut `len` bytes from free span `sp` (out of the set) and give them state `state`.
+    /// Cut `len` bytes from free span `sp` (out of the set) and give them state `state`,
+    /// committing their pages in a lazily committed pool. `hit`: the span was counted as a
+    /// cache hit (a commit makes it a miss). On failure the span is free again.
     fn finish_take(
         &'static self,
         lg: &mut Large,
@@ -385,8 +437,30 @@ impl Pool {
         len: usize,
         state: u8,
         req: usize,
-    ) -> &'static Span {
+        hit: bool,
+    ) -> Result<&'static Span> {
         let taken = self.split_tail(lg, sp, len);
+        if self.lazy() {
+            // A purge that commits may run meanwhile: it must not merge this span.
+            taken.state.store(SPAN_TAKING, Ordering::Release);
+            match self.commit_span(lg, taken.start(), len) {
+                Ok(called) => {
+                    if called && hit {
+                        self.stats.hits.fetch_sub(1, Ordering::Relaxed);
+                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Err(e) => {
+                    if hit {
+                        self.stats.hits.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    taken.state.store(SPAN_FREE, Ordering::Release);
+                    self.insert_free(lg, taken);
+                    return Err(e);
+                }
+            }
+            lg.lazy.used += len;
+        }
         taken.req.store(req, Ordering::Relaxed);
         if state == SPAN_SLAB {
             // Its slots will be written: once the slab goes back, the span is not clean.
@@ -404,7 +478,7 @@ impl Pool {
                 self.backing.advise_block(c.base, c.size);
             }
         }
-        taken
+        Ok(taken)
     }
 
     /// Map a chunk of `want` bytes (or, when the limit or the backing refuses that, of `need`
@@ -416,7 +490,9 @@ impl Pool {
                 continue;
             }
             let limit = self.limit();
-            if !self.stats.reserve_mapped(size, limit.map(|l| l.0)) {
+            // A lazily committed chunk is address space: its pages count when committed.
+            let charge = if self.lazy() { 0 } else { size };
+            if charge > 0 && !self.stats.reserve_mapped(charge, limit.map(|l| l.0)) {
                 let mapped = self.stats.mapped.load(Ordering::Relaxed);
                 let (bytes, source) = limit.unwrap_or((0, "the limit"));
                 last = Some(Error::limit(format!(
@@ -427,11 +503,11 @@ impl Pool {
             let chunk = match self.backing.map(size) {
                 Ok(c) => c,
                 Err(e) if e.status == crate::error::Status::UMP_ERR_UNSUPPORTED => {
-                    self.stats.on_unmap(size);
+                    self.stats.on_unmap(charge);
                     return Err(e);
                 }
                 Err(e) => {
-                    self.stats.on_unmap(size);
+                    self.stats.on_unmap(charge);
                     last = Some(Error::oom(format!(
                         "cannot get {size} bytes of {} memory: {}",
                         self.kind().name(),
@@ -443,12 +519,13 @@ impl Pool {
             if !registry::reserve(chunk.base, chunk.size) {
                 // SAFETY: just mapped, never handed out or registered.
                 unsafe { self.backing.unmap(&chunk) };
-                self.stats.on_unmap(size);
+                self.stats.on_unmap(charge);
                 return Err(Error::oom(format!(
                     "no memory for the registry entries of a {size}-byte chunk at {:#x}",
                     chunk.base
                 )));
             }
+            self.stats.on_reserve(chunk.raw_size);
             lg.chunks.insert(chunk.base, chunk);
             return Ok(chunk);
         }
@@ -478,6 +555,8 @@ impl Pool {
                 chunk_base: AtomicUsize::new(0),
                 chunk_len: AtomicUsize::new(0),
                 dirty: AtomicBool::new(false),
+                free_epoch: AtomicU64::new(0),
+                free_since: AtomicU64::new(0),
             }))
         });
         sp.state.store(SPAN_FREE, Ordering::Release);
@@ -486,6 +565,8 @@ impl Pool {
         sp.chunk_base.store(chunk_base, Ordering::Relaxed);
         sp.chunk_len.store(chunk_len, Ordering::Relaxed);
         sp.dirty.store(dirty, Ordering::Relaxed);
+        // Whatever ran on the range before is covered by the epoch open now.
+        sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
         // Inside a chunk whose range was reserved when it was mapped.
         registry::set_range(start, len, sp as *const Span as usize | TAG_SPAN);
         sp
@@ -519,7 +600,7 @@ impl Pool {
     /// Put free span `sp` into the free set, merging it with free neighbours in its chunk. A
     /// chunk that becomes wholly free is idle: stamped with an event (stream-ordered pools),
     /// or handed to the group (a retired stream's pool).
-    fn insert_free(&'static self, lg: &mut Large, sp: &'static Span) {
+    fn insert_free(&'static self, lg: &mut Large, sp: &'static Span) -> Option<&'static Span> {
         let cbase = sp.chunk_base.load(Ordering::Relaxed);
         let cend = cbase + sp.chunk_len.load(Ordering::Relaxed);
         let mut cur = sp;
@@ -549,12 +630,15 @@ impl Pool {
                 let chunk = self.detach_chunk(lg, cur);
                 let fence = lock(&self.retire_event).clone();
                 g.adopt(chunk, fence);
-                return;
+                return None;
             }
         }
         let key = cur.key();
         lg.free.insert(key, cur);
         lg.free_bytes += key.0;
+        if self.lazy() {
+            self.on_span_free(lg, cur);
+        }
         if cur.is_whole_chunk() {
             lg.idle.insert(key, cur);
             lg.idle_bytes += key.0;
@@ -565,6 +649,7 @@ impl Pool {
                 self.stamp_idle(lg, key.1);
             }
         }
+        Some(cur)
     }
 
     /// Record, on this pool's stream, the event after which chunk `base` (now wholly free)
@@ -603,6 +688,8 @@ impl Pool {
         a.len.fetch_add(blen, Ordering::AcqRel);
         let dirty = a.dirty.load(Ordering::Relaxed) || b.dirty.load(Ordering::Relaxed);
         a.dirty.store(dirty, Ordering::Relaxed);
+        a.free_epoch
+            .fetch_max(b.free_epoch.load(Ordering::Relaxed), Ordering::Relaxed);
         b.len.store(0, Ordering::Release);
         lg.spare.push(b);
     }
@@ -616,13 +703,26 @@ impl Pool {
         registry::set_range(start, len, 0);
         sp.len.store(0, Ordering::Release);
         lg.spare.push(sp);
-        lg.chunks.remove(&start).unwrap_or(Chunk {
+        let chunk = lg.chunks.remove(&start).unwrap_or(Chunk {
             base: start,
             size: len,
             raw: start,
             raw_size: len,
             advised: false,
-        })
+        });
+        if self.lazy() {
+            lg.lazy.committed -= self.backing.physical(&chunk);
+        }
+        chunk
+    }
+
+    /// Take in a wholly free chunk of another pool of the same backing (its pages, committed
+    /// or not, come with it).
+    fn attach_chunk(&'static self, lg: &mut Large, chunk: Chunk) {
+        if self.lazy() {
+            lg.lazy.committed += self.backing.physical(&chunk);
+        }
+        lg.chunks.insert(chunk.base, chunk);
     }
 
     /// Give wholly free chunk `sp` back to the backing, after the work queued on this pool's
@@ -640,12 +740,14 @@ impl Pool {
         {
             let _ = cuda::device_synchronize(self.device);
         }
+        let phys = self.backing.physical(&chunk);
         // SAFETY: the chunk is wholly free, no longer registered, and no queued work of its
         // stream uses it.
         unsafe { self.backing.unmap(&chunk) };
-        self.stats.on_unmap(chunk.size);
-        self.unmapped.fetch_add(chunk.size, Ordering::Relaxed);
-        chunk.size
+        self.stats.on_unmap(phys);
+        self.stats.on_unreserve(chunk.raw_size);
+        self.unmapped.fetch_add(phys, Ordering::Relaxed);
+        phys
     }
 
     /// Give wholly free chunks back to the backing, largest first, until at most `keep` bytes
@@ -709,9 +811,19 @@ impl Pool {
         }
     }
 
-    /// Bytes of the chunks this pool holds now.
+    /// Bytes of physical memory this pool holds now.
     pub(crate) fn mapped_bytes(&'static self) -> usize {
-        lock(&self.large).chunks.values().map(|c| c.size).sum()
+        self.mapped_of(&lock(&self.large))
+    }
+
+    /// Bytes of physical memory in `lg`'s chunks: what is committed in a lazily committed
+    /// pool, the chunks otherwise.
+    pub(super) fn mapped_of(&self, lg: &Large) -> usize {
+        if self.lazy() {
+            lg.lazy.committed
+        } else {
+            lg.chunk_bytes()
+        }
     }
 
     /// Serve `stream` from now on, if this pool is retired and holds no memory. Returns

@@ -1,0 +1,553 @@
+//! Physical memory of lazily committed pools (a backing with a `commit_page`: the device
+//! side's virtual-memory pool, see `backing::vmm`).
+//!
+//! A chunk of such a pool is address space. A span handed out (a block, or a slab) has every
+//! page it touches committed first; a free span keeps its pages until they are *purged*
+//! (decommitted), mimalloc's word for giving idle pages back without moving anything:
+//!
+//! - **When memory grows past the peak.** Before committing `n` more bytes, a pool whose
+//!   mapped bytes would pass its peak in use by more than [`slack`] purges free spans first,
+//!   oldest first, until `n` bytes went back. So at any peak, mapped ≈ in use + pages shared
+//!   with live blocks + the slack, whatever the pattern of sizes.
+//! - **When memory stays idle.** A free span idle for [`PURGE_DELAY`] is purged at the next
+//!   allocation or free of its pool, so mapped memory falls back after a workload's big phase
+//!   without `trim`.
+//! - **`trim`** (and an out-of-memory retry) purges every free span, waiting if it must.
+//!
+//! **Stream order.** A freed block may still be used by work queued on its stream before the
+//! free, and `cuMemUnmap` does not wait for it. Frees are stamped with the pool's *epoch*; a
+//! purge records a fence (an event on the pool's stream) closing the epoch, and a span is
+//! purged only once the fence of its epoch has completed (queried, never waited for, except by
+//! `trim`). A retired stream's spans wait for its retire event instead. Pools that are not
+//! stream-ordered (host memory, or no CUDA driver) need no fence.
+
+use super::span::{SPAN_FREE, Span};
+use super::*;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// How long a free span keeps its physical memory before it is purged.
+pub(crate) const PURGE_DELAY: Duration = Duration::from_millis(1000);
+/// How often a pool looks for spans due (at most).
+const PURGE_TICK_MS: u64 = 100;
+/// Free committed memory a pool may hold above its peak in use before committing more
+/// purges free spans (the larger of this and [`SLACK_SHIFT`]).
+const SLACK_MIN: usize = 32 << 20;
+/// ... and of the peak in use divided by 2^this (1/64: 1.6 %).
+const SLACK_SHIFT: u32 = 6;
+
+/// The free committed memory a pool keeps above its peak in use of `peak` bytes.
+pub(crate) fn slack(peak: usize) -> usize {
+    SLACK_MIN.max(peak >> SLACK_SHIFT)
+}
+
+/// The books of a lazily committed pool (under its large lock).
+#[derive(Default)]
+pub(crate) struct Lazy {
+    /// Bytes committed in this pool's chunks.
+    pub(super) committed: usize,
+    /// Bytes of spans handed out or cut into slabs (all committed).
+    pub(super) used: usize,
+    /// The current epoch: spans freed now are stamped with it.
+    epoch: u64,
+    /// Fences recorded on the pool's stream, oldest first: (epoch closed, event).
+    fences: VecDeque<(u64, cuda::Event)>,
+    /// Every epoch below this is over on the device.
+    safe: u64,
+    /// Free spans that may hold committed pages, oldest first: (start, when freed). Entries go
+    /// stale when spans merge or are reused; they are checked when read.
+    queue: VecDeque<(usize, Instant)>,
+}
+
+impl Lazy {
+    /// The epoch frees are stamped with now.
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+/// What a purge is for.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Purge {
+    /// Committing this many bytes would pass the peak: give back at least as much, without
+    /// waiting for the device.
+    Need(usize),
+    /// Give back what has been idle for [`PURGE_DELAY`], without waiting.
+    Decay(Instant),
+    /// Give back every free page, waiting for the device where needed.
+    All,
+}
+
+impl Pool {
+    /// Whether this pool commits physical memory lazily.
+    #[inline]
+    pub(super) fn lazy(&self) -> bool {
+        self.page.is_some()
+    }
+
+    /// Commit the pages of `[start, start+len)` (a span being handed out), purging free spans
+    /// first when that would take the pool past its peak in use. Returns whether the backing
+    /// was called. On failure nothing changed.
+    pub(super) fn commit_span(
+        &'static self,
+        lg: &mut Large,
+        start: usize,
+        len: usize,
+    ) -> Result<bool> {
+        let need = self.backing.uncommitted(start, len);
+        if need == 0 {
+            return Ok(false);
+        }
+        let peak = self.stats.in_use_peak.load(Ordering::Relaxed);
+        let mapped = self.stats.mapped.load(Ordering::Relaxed);
+        if mapped + need > peak.max(self.stats.in_use()) + slack(peak) {
+            // The span being handed out is out of the free set: the purge cannot touch it.
+            self.purge(lg, Purge::Need(need));
+        }
+        let limit = self.limit();
+        if !self.stats.reserve_mapped(need, limit.map(|l| l.0)) {
+            let mapped = self.stats.mapped.load(Ordering::Relaxed);
+            let (bytes, source) = limit.unwrap_or((0, "the limit"));
+            return Err(Error::limit(format!(
+                "{source} of {bytes} bytes reached ({mapped} mapped, {need} more needed)"
+            )));
+        }
+        match self.backing.commit(start, len) {
+            Ok(n) => {
+                // `n == need`: the pool's lock keeps others off its chunks.
+                if n != need {
+                    self.stats.on_unmap(need);
+                    self.stats.on_map(n);
+                }
+                lg.lazy.committed += n;
+                Ok(true)
+            }
+            Err(e) => {
+                self.stats.on_unmap(need);
+                Err(Error::oom(format!(
+                    "cannot commit {need} bytes of {} memory: {}",
+                    self.kind().name(),
+                    e.msg
+                )))
+            }
+        }
+    }
+
+    /// A span went into the free set (merged with its neighbours, its epoch the newest of
+    /// theirs): queue it for purging.
+    pub(super) fn on_span_free(&self, lg: &mut Large, sp: &Span) {
+        lg.lazy.queue.push_back((sp.start(), Instant::now()));
+        if lg.lazy.queue.len() > 4 * lg.free.len() + 64 {
+            // Mostly stale entries: keep the newest per free span.
+            let mut seen = std::collections::HashSet::new();
+            let mut kept: VecDeque<(usize, Instant)> = VecDeque::new();
+            for &(s, t) in lg.lazy.queue.iter().rev() {
+                if self.free_span_at(lg, s).is_some() && seen.insert(s) {
+                    kept.push_front((s, t));
+                }
+            }
+            lg.lazy.queue = kept;
+        }
+    }
+
+    /// The span of this pool's free set starting at `start`, if there is one.
+    fn free_span_at(&self, lg: &Large, start: usize) -> Option<&'static Span> {
+        match entry_at(start)? {
+            Entry::Span(sp)
+                if std::ptr::eq(sp.pool, self)
+                    && sp.start() == start
+                    && sp.state.load(Ordering::Acquire) == SPAN_FREE
+                    && lg.free.contains_key(&(sp.len(), start)) =>
+            {
+                Some(sp)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether spans freed in `epoch` are over on the device; with `fence`, close the current
+    /// epoch with an event on the stream if it is the one asked about.
+    fn epoch_safe(&self, lg: &mut Large, epoch: u64, wait: bool) -> bool {
+        if !self.ordered() {
+            return true;
+        }
+        if self.is_retired() {
+            return match lock(&self.retire_event).as_ref() {
+                None => true,
+                Some(ev) if wait => {
+                    ev.wait().is_ok() || cuda::device_synchronize(self.device).is_ok()
+                }
+                Some(ev) => matches!(ev.done(), Ok(true)),
+            };
+        }
+        let z = &mut lg.lazy;
+        if epoch < z.safe {
+            return true;
+        }
+        if epoch == z.epoch {
+            match cuda::Event::record(self.stream(), self.device) {
+                Ok(ev) => z.fences.push_back((z.epoch, ev)),
+                Err(_) => {
+                    // No event on this stream: the whole device, once.
+                    if let Some(g) = self.group {
+                        g.count_sync();
+                    }
+                    let _ = cuda::device_synchronize(self.device);
+                    z.fences.clear();
+                    z.safe = z.epoch + 1;
+                }
+            }
+            z.epoch += 1;
+        }
+        while let Some((e, ev)) = z.fences.front() {
+            let done = if wait {
+                ev.wait().is_ok() || cuda::device_synchronize(self.device).is_ok()
+            } else {
+                matches!(ev.done(), Ok(true))
+            };
+            if !done {
+                break;
+            }
+            z.safe = e + 1;
+            z.fences.pop_front();
+        }
+        epoch < z.safe
+    }
+
+    /// Purge free spans (see the module docs). Returns the bytes given back.
+    pub(super) fn purge(&'static self, lg: &mut Large, how: Purge) -> usize {
+        let mut freed = 0;
+        if matches!(how, Purge::All) {
+            self.flush_quick(lg);
+            let spans: Vec<&'static Span> = lg.free.values().copied().collect();
+            let newest = spans
+                .iter()
+                .map(|s| s.free_epoch.load(Ordering::Relaxed))
+                .max();
+            if newest.is_some_and(|e| !self.epoch_safe(lg, e, true)) {
+                return 0;
+            }
+            for sp in spans {
+                freed += self.decommit_span(lg, sp);
+            }
+            lg.lazy.queue.clear();
+            return freed;
+        }
+        if let Purge::Decay(now) = how {
+            self.uncache_old(lg, now);
+        }
+        while let Some(&(start, at)) = lg.lazy.queue.front() {
+            if let Purge::Decay(now) = how
+                && now.saturating_duration_since(at) < PURGE_DELAY
+            {
+                break;
+            }
+            let Some(sp) = self.free_span_at(lg, start) else {
+                lg.lazy.queue.pop_front();
+                continue;
+            };
+            if !self.epoch_safe(lg, sp.free_epoch.load(Ordering::Relaxed), false) {
+                break;
+            }
+            lg.lazy.queue.pop_front();
+            freed += self.decommit_span(lg, sp);
+            if let Purge::Need(n) = how
+                && freed >= n
+            {
+                return freed;
+            }
+        }
+        if let Purge::Need(n) = how {
+            // Then the exact-size list, oldest first.
+            while freed < n
+                && let Some(&sp) = lg.quick.front()
+                && self.epoch_safe(lg, sp.free_epoch.load(Ordering::Relaxed), false)
+            {
+                lg.quick.pop_front();
+                freed += self.purge_cached(lg, sp);
+            }
+        }
+        freed
+    }
+
+    /// Take `sp` (out of the exact-size list) into the free set and purge the free span it
+    /// becomes part of, if that span's epoch is over.
+    fn purge_cached(&'static self, lg: &mut Large, sp: &'static Span) -> usize {
+        match self.uncache(lg, sp) {
+            Some(m) if self.epoch_safe(lg, m.free_epoch.load(Ordering::Relaxed), false) => {
+                self.decommit_span(lg, m)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Decay: purge the spans of the exact-size list that have been there for the purge delay.
+    fn uncache_old(&'static self, lg: &mut Large, now: Instant) {
+        while let Some(&sp) = lg.quick.front() {
+            let since = sp.free_since.load(Ordering::Relaxed);
+            if epoch_ms(now).saturating_sub(since) < PURGE_DELAY.as_millis() as u64 {
+                break;
+            }
+            lg.quick.pop_front();
+            self.purge_cached(lg, sp);
+        }
+    }
+
+    /// Give back the committed pieces inside free span `sp`.
+    fn decommit_span(&'static self, lg: &mut Large, sp: &'static Span) -> usize {
+        // SAFETY: the span is free (no live block overlaps it) and its epoch is over on the
+        // device (checked by the callers).
+        let n = unsafe { self.backing.decommit(sp.start(), sp.len()) };
+        if n > 0 {
+            lg.lazy.committed -= n;
+            self.stats.on_unmap(n);
+            self.unmapped.fetch_add(n, Ordering::Relaxed);
+        }
+        n
+    }
+
+    /// With a purge delay: purge what is due, at most once per tick.
+    pub(super) fn purge_if_due(&'static self, lg: &mut Large) {
+        let due = self.purge_due.load(Ordering::Relaxed);
+        let now = Instant::now();
+        let ms = epoch_ms(now);
+        if ms < due {
+            return;
+        }
+        self.purge_due.store(ms + PURGE_TICK_MS, Ordering::Relaxed);
+        self.purge(lg, Purge::Decay(now));
+    }
+
+    /// The largest free block that needs no commit: the longest committed run of a free span.
+    pub(super) fn largest_committed_free(&self, lg: &Large) -> usize {
+        lg.free
+            .values()
+            .chain(lg.quick.iter())
+            .map(|sp| self.backing.longest_committed(sp.start(), sp.len()))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backing::vmm::{OsPages, SEGMENT, Space};
+    use crate::backing::{HostBacking, VmmBacking};
+    use crate::stream::StreamPools;
+
+    const MB: usize = 1 << 20;
+    const PAGE: usize = 2 * MB;
+
+    fn space() -> &'static Space {
+        Space::new(
+            Box::new(OsPages::new(Kind::UMP_KIND_SYSTEM, 0)),
+            PAGE,
+            8 << 30,
+        )
+    }
+
+    /// A pool like a device's: lazily committed, keeps everything (`retain` unbounded).
+    fn lazy_pool(limit: Option<usize>) -> &'static Pool {
+        Pool::new(Box::new(VmmBacking::new(space())), 512, limit, usize::MAX)
+    }
+
+    fn mapped(p: &Pool) -> usize {
+        p.stats.mapped.load(Ordering::Relaxed)
+    }
+
+    /// Whether the page holding `addr` is resident (mincore; no access is made).
+    fn resident(addr: usize) -> bool {
+        let page = crate::prim::os::page_size();
+        let mut v = 0u8;
+        // SAFETY: mincore only inspects the mapping and writes one byte.
+        let rc = unsafe { libc::mincore((addr & !(page - 1)) as *mut libc::c_void, page, &mut v) };
+        rc == 0 && v & 1 == 1
+    }
+
+    fn touch(ptr: usize, n: usize) {
+        // SAFETY: a live block of at least `n` bytes: its pages must be committed (a page that
+        // is not faults here and fails the test).
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0x5a, n) };
+    }
+
+    #[test]
+    fn only_the_pages_blocks_land_on_are_committed() {
+        let p = lazy_pool(None);
+        let a = p.alloc(4096).unwrap().ptr;
+        touch(a, 4096);
+        assert_eq!(
+            mapped(p),
+            PAGE,
+            "one 4 KiB block holds one page, not an arena"
+        );
+        assert_eq!(p.stats.reserved.load(Ordering::Relaxed), SEGMENT);
+        let n = 10 * MB + 5;
+        let b = p.alloc(n).unwrap().ptr;
+        touch(b, n);
+        assert!(
+            mapped(p) <= PAGE + n.next_multiple_of(PAGE) + PAGE,
+            "{}",
+            mapped(p)
+        );
+        let r = p.report();
+        assert_eq!((r.mapped, r.reserved), (mapped(p), SEGMENT));
+        p.free(b).unwrap();
+        assert!(
+            mapped(p) > PAGE,
+            "a free block keeps its pages until a purge"
+        );
+        assert!(p.report().largest_free >= 10 * MB, "{:?}", p.report());
+        p.trim();
+        assert_eq!(mapped(p), PAGE, "trim purges every free page; a's stays");
+        assert!(!resident(b + 4 * MB), "a purged page holds no memory");
+        touch(a, 4096);
+        p.free(a).unwrap();
+        assert_eq!(p.trim(), PAGE);
+        assert_eq!(mapped(p), 0);
+        assert_eq!(
+            p.stats.reserved.load(Ordering::Relaxed),
+            0,
+            "idle chunks go back on trim"
+        );
+    }
+
+    /// Sizes that change every step with long-lived blocks between them: no hole fits the
+    /// next step, so every step lands on fresh address space. Committing it purges the old
+    /// holes, so mapped stays near the peak in use; the same steps on a pool of eager chunks
+    /// (the control) hold far more.
+    fn fragmenting_steps(p: &'static Pool) -> (usize, usize, Vec<usize>) {
+        let mut keep = Vec::new();
+        for step in 1..=24 {
+            let n = step * 3 * MB + 12_345;
+            let x = p.alloc(n).unwrap().ptr;
+            touch(x, n);
+            let k = p.alloc(300 << 10).unwrap().ptr; // long-lived, between the holes
+            touch(k, 300 << 10);
+            keep.push(k);
+            let y = p.alloc(n / 2).unwrap().ptr;
+            touch(y, n / 2);
+            p.free(x).unwrap();
+            p.free(y).unwrap();
+        }
+        let peak_mapped = p.stats.mapped_peak.load(Ordering::Relaxed);
+        (
+            peak_mapped,
+            p.stats.in_use_peak.load(Ordering::Relaxed),
+            keep,
+        )
+    }
+
+    #[test]
+    fn committing_past_the_peak_purges_old_holes_first() {
+        let p = lazy_pool(None);
+        let (peak_mapped, peak, keep) = fragmenting_steps(p);
+        // Each long-lived block can hold a page of its own beside its 300 KiB.
+        let bound = peak + slack(peak) + keep.len() * PAGE + 2 * PAGE;
+        assert!(
+            peak_mapped <= bound,
+            "peak mapped {} MiB > bound {} MiB (peak in use {} MiB)",
+            peak_mapped >> 20,
+            bound >> 20,
+            peak >> 20
+        );
+        for k in keep {
+            touch(k, 300 << 10);
+            p.free(k).unwrap();
+        }
+        p.trim();
+        assert_eq!(mapped(p), 0);
+        // The control: eager chunks keep every hole.
+        let eager = Pool::new(
+            Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+            512,
+            None,
+            usize::MAX,
+        );
+        let (em, epeak, ekeep) = fragmenting_steps(eager);
+        assert!(
+            em > epeak + slack(epeak) + ekeep.len() * PAGE + 2 * PAGE,
+            "the control should exceed the bound: {} MiB for {} MiB in use",
+            em >> 20,
+            epeak >> 20
+        );
+        for k in ekeep {
+            eager.free(k).unwrap();
+        }
+        eager.trim();
+    }
+
+    #[test]
+    fn idle_pages_go_back_after_the_purge_delay_without_trim() {
+        let p = lazy_pool(None);
+        let big = p.alloc(50 * MB).unwrap().ptr;
+        touch(big, 50 * MB);
+        let small = p.alloc(1 << 20).unwrap().ptr;
+        p.free(big).unwrap();
+        assert!(mapped(p) >= 50 * MB);
+        std::thread::sleep(PURGE_DELAY + Duration::from_millis(2 * PURGE_TICK_MS));
+        // Any large allocation or free of the pool looks for what is due.
+        let other = p.alloc(1 << 20).unwrap().ptr;
+        assert!(
+            mapped(p) <= 4 * PAGE,
+            "{} MiB still mapped",
+            mapped(p) >> 20
+        );
+        for x in [small, other] {
+            touch(x, 1 << 20);
+            p.free(x).unwrap();
+        }
+        p.trim();
+    }
+
+    #[test]
+    fn the_limit_counts_committed_pages_and_purges_make_room() {
+        let p = lazy_pool(Some(100 * MB));
+        let a = p.alloc(60 * MB).unwrap().ptr;
+        let e = p.alloc(60 * MB).unwrap_err();
+        assert_eq!(e.class, crate::error::ErrorClass::Limit, "{}", e.msg);
+        p.free(a).unwrap();
+        // a's pages are free: the retry purges them and the request fits.
+        let b = p.alloc(70 * MB).unwrap().ptr;
+        touch(b, 70 * MB);
+        assert!(mapped(p) <= 100 * MB);
+        p.free(b).unwrap();
+        p.trim();
+        assert_eq!(mapped(p), 0);
+    }
+
+    #[test]
+    fn stream_pools_share_one_space_and_move_idle_chunks_with_their_pages() {
+        let sp = space();
+        let stats = Box::leak(Box::new(crate::stats::PoolStats::default()));
+        let g = StreamPools::new(
+            0,
+            Box::new(move || Box::new(VmmBacking::new(sp))),
+            256,
+            None,
+            usize::MAX,
+            false,
+            stats,
+        );
+        let s1 = g.pool_for(0x10).unwrap();
+        let s2 = g.pool_for(0x20).unwrap();
+        let big = SEGMENT / 2 + 10 * MB; // a chunk of its own
+        let x = s1.alloc(big).unwrap().ptr;
+        touch(x, big);
+        s1.free(x).unwrap();
+        let m = stats.mapped.load(Ordering::Relaxed);
+        let y = s2.alloc(big).unwrap().ptr;
+        assert_eq!(y, x, "s1's idle chunk serves s2");
+        assert_eq!(
+            stats.mapped.load(Ordering::Relaxed),
+            m,
+            "with its pages: nothing committed"
+        );
+        assert_eq!(s2.report().mapped, m);
+        assert_eq!(s1.report().mapped, 0);
+        s2.free(y).unwrap();
+        assert_eq!(g.trim(), m);
+        assert_eq!(sp.committed_total(), 0);
+        assert_eq!(stats.reserved.load(Ordering::Relaxed), 0);
+    }
+}
