@@ -3,7 +3,7 @@
 //! each device (CuPy, PyTorch). Safe Rust; the C contract sits in `ffi`, the driver in `prim`.
 
 use crate::backing::{
-    Backing, DeviceBacking, HostBacking, Kind, ManagedBacking, RegisteredBacking,
+    Backing, DeviceBacking, HostBacking, Kind, ManagedBacking, RegisteredBacking, Space, VmmBacking,
 };
 use crate::config::{self, Config};
 use crate::error::ERRORS;
@@ -243,6 +243,12 @@ impl Allocator {
         if let Some(p) = slot.get() {
             return Ok(p);
         }
+        // Driver calls happen before the pool-set lock (the loader lock comes first in the
+        // fork order); a space made by a thread that loses the race below stays unused.
+        let space = match side {
+            DeviceSide::Device => self.vmm_space(device),
+            _ => None,
+        };
         let _g = lock(&self.device_pool_lock);
         if let Some(p) = slot.get() {
             return Ok(p);
@@ -262,10 +268,16 @@ impl Allocator {
                 Box::new(move || Box::new(RegisteredBacking::new(device))),
                 Kind::UMP_KIND_REGISTERED,
             ),
-            DeviceSide::Device | DeviceSide::None => (
-                Box::new(move || Box::new(DeviceBacking::new(device))),
-                Kind::UMP_KIND_DEVICE,
-            ),
+            DeviceSide::Device | DeviceSide::None => match space {
+                Some(space) => (
+                    Box::new(move || Box::new(VmmBacking::new(space))),
+                    Kind::UMP_KIND_DEVICE,
+                ),
+                None => (
+                    Box::new(move || Box::new(DeviceBacking::new(device))),
+                    Kind::UMP_KIND_DEVICE,
+                ),
+            },
         };
         let retain = if side == DeviceSide::System {
             self.config.host_retain
@@ -285,6 +297,18 @@ impl Allocator {
             stats,
         );
         Ok(*slot.get_or_init(|| g))
+    }
+
+    /// The virtual-memory space of `device` for plain device memory, where the driver supports
+    /// it and `UMP_ALLOC_DEVICE_VMM` is on; None degrades to chunks from `cuMemAlloc`.
+    fn vmm_space(&self, device: i32) -> Option<&'static Space> {
+        let caps = usize::try_from(device)
+            .ok()
+            .and_then(|i| self.caps.devices.get(i))?;
+        if !self.config.device_vmm || !caps.virtual_memory {
+            return None;
+        }
+        Space::for_device(device, caps.total_memory as usize).ok()
     }
 
     /// The stream pools of `device`, if they were made.
@@ -651,6 +675,9 @@ pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
         }
         for g in &groups {
             g.fork_lock_recorded(held);
+        }
+        for g in &groups {
+            g.fork_lock_backing(held);
         }
     } else {
         pool::tcache_fork_prepare(held);

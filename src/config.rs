@@ -72,10 +72,20 @@ pub const VARS: &[Var] = &[
         default: c"256M",
         help: c"free bytes a host-memory pool keeps cached before returning chunks to the OS",
     },
-        Var {
+    Var {
         name: c"UMP_ALLOC_HEADROOM",
         default: c"0",
         help: c"managed mode: device memory to keep free; chunks for GPU libraries beyond (free - headroom) prefer host memory",
+    },
+    Var {
+        name: c"UMP_ALLOC_DEVICE_VMM",
+        default: c"1",
+        help: c"1: plain device memory (device side 'device') is a virtual-memory pool: address space reserved once, pages mapped as it grows and unmapped when idle (where the driver supports it); 0: chunks from cuMemAlloc",
+    },
+    Var {
+        name: c"UMP_ALLOC_MANAGED_DISCARD",
+        default: c"1",
+        help: c"1: managed device-side blocks the host has read are discarded when freed and discarded-and-prefetched to the device when reused, so dead data never migrates (CUDA 13 drivers); 0: off",
     },
     Var {
         name: c"UMP_ALLOC_TORCH_FAST_CPU",
@@ -140,6 +150,10 @@ pub struct Config {
     pub prefetch_min: usize,
     /// Device bytes to keep free (0: off).
     pub headroom: usize,
+    /// The device side's plain device memory is a virtual-memory pool where supported.
+    pub device_vmm: bool,
+    /// Discard managed blocks that may be away from the device when they are freed.
+    pub managed_discard: bool,
     /// Switches of the Python integrations (read by `ump_alloc`, validated here).
     pub torch_fast_cpu: bool,
     pub torch_unified: bool,
@@ -158,6 +172,8 @@ impl Default for Config {
             host_retain: DEFAULT_HOST_RETAIN,
             prefetch_min: DEFAULT_PREFETCH_MIN,
             headroom: 0,
+            device_vmm: true,
+            managed_discard: true,
             torch_fast_cpu: true,
             torch_unified: false,
             cupy_zero_copy: false,
@@ -223,6 +239,8 @@ impl Config {
             }
         }
         for (name, slot) in [
+            ("UMP_ALLOC_DEVICE_VMM", &mut c.device_vmm),
+            ("UMP_ALLOC_MANAGED_DISCARD", &mut c.managed_discard),
             ("UMP_ALLOC_TORCH_FAST_CPU", &mut c.torch_fast_cpu),
             ("UMP_ALLOC_TORCH_UNIFIED", &mut c.torch_unified),
             ("UMP_ALLOC_CUPY_ZERO_COPY", &mut c.cupy_zero_copy),

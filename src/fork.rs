@@ -13,7 +13,7 @@
 //! 4. every pool's class locks, then every pool's large lock, then every pool's retire-event
 //!    lock (host pool first, then each device's pools);
 //! 5. each device's orphan list, each device's table of blocks recorded on other streams,
-//!    the CUDA event cache, the scope table.
+//!    each device's virtual-memory space, the CUDA event cache, the scope table.
 //!
 //! In the child, the caches of threads that do not exist there go back to their pools.
 
