@@ -35,6 +35,8 @@ const PURGE_TICK_MS: u64 = 100;
 const SLACK_MIN: usize = 32 << 20;
 /// ... and of the peak in use divided by 2^this (1/64: 1.6 %).
 const SLACK_SHIFT: u32 = 6;
+/// Free spans a lazily committed pool looks at for one whose pages are committed.
+const FIT_CANDIDATES: usize = 16;
 
 /// The free committed memory a pool keeps above its peak in use of `peak` bytes.
 pub(crate) fn slack(peak: usize) -> usize {
@@ -218,7 +220,6 @@ impl Pool {
     pub(super) fn purge(&'static self, lg: &mut Large, how: Purge) -> usize {
         let mut freed = 0;
         if matches!(how, Purge::All) {
-            self.flush_quick(lg);
             let spans: Vec<&'static Span> = lg.free.values().copied().collect();
             let newest = spans
                 .iter()
@@ -232,9 +233,6 @@ impl Pool {
             }
             lg.lazy.queue.clear();
             return freed;
-        }
-        if let Purge::Decay(now) = how {
-            self.uncache_old(lg, now);
         }
         while let Some(&(start, at)) = lg.lazy.queue.front() {
             if let Purge::Decay(now) = how
@@ -254,43 +252,10 @@ impl Pool {
             if let Purge::Need(n) = how
                 && freed >= n
             {
-                return freed;
-            }
-        }
-        if let Purge::Need(n) = how {
-            // Then the exact-size list, oldest first.
-            while freed < n
-                && let Some(&sp) = lg.quick.front()
-                && self.epoch_safe(lg, sp.free_epoch.load(Ordering::Relaxed), false)
-            {
-                lg.quick.pop_front();
-                freed += self.purge_cached(lg, sp);
+                break;
             }
         }
         freed
-    }
-
-    /// Take `sp` (out of the exact-size list) into the free set and purge the free span it
-    /// becomes part of, if that span's epoch is over.
-    fn purge_cached(&'static self, lg: &mut Large, sp: &'static Span) -> usize {
-        match self.uncache(lg, sp) {
-            Some(m) if self.epoch_safe(lg, m.free_epoch.load(Ordering::Relaxed), false) => {
-                self.decommit_span(lg, m)
-            }
-            _ => 0,
-        }
-    }
-
-    /// Decay: purge the spans of the exact-size list that have been there for the purge delay.
-    fn uncache_old(&'static self, lg: &mut Large, now: Instant) {
-        while let Some(&sp) = lg.quick.front() {
-            let since = sp.free_since.load(Ordering::Relaxed);
-            if epoch_ms(now).saturating_sub(since) < PURGE_DELAY.as_millis() as u64 {
-                break;
-            }
-            lg.quick.pop_front();
-            self.purge_cached(lg, sp);
-        }
     }
 
     /// Give back the committed pieces inside free span `sp`.
@@ -318,11 +283,41 @@ impl Pool {
         self.purge(lg, Purge::Decay(now));
     }
 
+    /// Where to cut `len` bytes for a block: `best` (the best fit) if its tail is committed,
+    /// else, among the next few fits, the end (head or tail) with the fewest bytes to commit,
+    /// so that committed memory is reused before fresh pages are committed and old ones
+    /// purged. Returns the span and whether to cut its head.
+    pub(super) fn committed_fit(
+        &self,
+        lg: &Large,
+        len: usize,
+        best: &'static Span,
+    ) -> (&'static Span, bool) {
+        let tail = |sp: &Span| self.backing.uncommitted(sp.start() + sp.len() - len, len);
+        if tail(best) == 0 {
+            return (best, false);
+        }
+        let mut pick = (best, false, tail(best));
+        for (_, &sp) in lg.free.range((len, 0)..).take(FIT_CANDIDATES) {
+            for (head, need) in [
+                (false, tail(sp)),
+                (true, self.backing.uncommitted(sp.start(), len)),
+            ] {
+                if need < pick.2 {
+                    pick = (sp, head, need);
+                }
+            }
+            if pick.2 == 0 {
+                break;
+            }
+        }
+        (pick.0, pick.1)
+    }
+
     /// The largest free block that needs no commit: the longest committed run of a free span.
     pub(super) fn largest_committed_free(&self, lg: &Large) -> usize {
         lg.free
             .values()
-            .chain(lg.quick.iter())
             .map(|sp| self.backing.longest_committed(sp.start(), sp.len()))
             .max()
             .unwrap_or(0)

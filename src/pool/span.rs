@@ -44,8 +44,6 @@ pub struct Span {
     dirty: AtomicBool,
     /// Lazily committed pools: the epoch the span was last freed in (see `commit`).
     pub(super) free_epoch: AtomicU64,
-    /// When it went into the exact-size list (milliseconds, `epoch_ms`).
-    pub(super) free_since: AtomicU64,
 }
 
 impl Span {
@@ -209,17 +207,20 @@ impl Pool {
             lg.lazy.used -= len;
             sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
         }
-        if sp.is_whole_chunk() || len > QUICK_MAX_BYTES.min(self.retain) || self.is_retired() {
+        if sp.is_whole_chunk()
+            || len > QUICK_MAX_BYTES.min(self.retain)
+            || self.is_retired()
+            || self.lazy()
+        {
             // A chunk of its own (the free set reuses it as cheaply, and it may go idle), more
-            // than the list may hold, or a retired stream's block (its chunk must fall idle).
+            // than the list may hold, a retired stream's block (its chunk must fall idle), or
+            // a lazily committed pool's (holes kept apart from their free neighbours make
+            // requests of other sizes commit fresh pages while the holes stay mapped: the
+            // fragmentation that pool exists to avoid).
             sp.state.store(SPAN_FREE, Ordering::Release);
             self.insert_free(&mut lg, sp);
         } else {
             sp.state.store(SPAN_CACHED, Ordering::Release);
-            if self.lazy() {
-                sp.free_since
-                    .store(epoch_ms(Instant::now()), Ordering::Relaxed);
-            }
             lg.quick.push_back(sp);
             lg.quick_bytes += len;
             while lg.quick.len() > QUICK_MAX || lg.quick_bytes > QUICK_MAX_BYTES {
@@ -234,16 +235,11 @@ impl Pool {
         Ok(n)
     }
 
-    /// Move a span from the exact-size list into the free set (merging it). Returns the free
-    /// span it became part of (None when its chunk went to the device's orphans).
-    pub(super) fn uncache(
-        &'static self,
-        lg: &mut Large,
-        sp: &'static Span,
-    ) -> Option<&'static Span> {
+    /// Move a span from the exact-size list into the free set (merging it).
+    fn uncache(&'static self, lg: &mut Large, sp: &'static Span) {
         lg.quick_bytes -= sp.len();
         sp.state.store(SPAN_FREE, Ordering::Release);
-        self.insert_free(lg, sp)
+        self.insert_free(lg, sp);
     }
 
     /// Merge every span of the exact-size list into the free set. Returns whether any was.
@@ -372,8 +368,8 @@ impl Pool {
         if let Some(g) = self.group {
             {
                 let mut lg = lock(&self.large);
-                if let Some(sp) = self.take_fit(&mut lg, len) {
-                    return self.finish_take(&mut lg, sp, len, state, req, true);
+                if let Some((sp, head)) = self.take_fit(&mut lg, len) {
+                    return self.finish_take(&mut lg, sp, head, len, state, req, true);
                 }
             }
             // No lock of ours is held while other pools' locks are taken.
@@ -382,31 +378,32 @@ impl Pool {
                 let mut lg = lock(&self.large);
                 self.attach_chunk(&mut lg, chunk);
                 let sp = self.chunk_span(&mut lg, &chunk, true);
-                return self.finish_take(&mut lg, sp, len, state, req, true);
+                return self.finish_take(&mut lg, sp, false, len, state, req, true);
             }
             // A lazily committed chunk costs no memory until its pages are committed.
             g.make_room(if self.lazy() { len } else { chunk_len }, len);
         }
         let mut lg = lock(&self.large);
-        if let Some(sp) = self.take_fit(&mut lg, len) {
-            return self.finish_take(&mut lg, sp, len, state, req, true);
+        if let Some((sp, head)) = self.take_fit(&mut lg, len) {
+            return self.finish_take(&mut lg, sp, head, len, state, req, true);
         }
         let chunk = self.map_chunk(&mut lg, chunk_len, len)?;
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
         let dirty = !self.backing.fresh_is_zero();
         let sp = self.chunk_span(&mut lg, &chunk, dirty);
-        self.finish_take(&mut lg, sp, len, state, req, false)
+        self.finish_take(&mut lg, sp, false, len, state, req, false)
     }
 
     /// Best fit for `len` bytes from this pool's free spans, out of the set.
-    fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<&'static Span> {
+    /// Returns the span and whether to cut the block off its head (else its tail).
+    fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<(&'static Span, bool)> {
         if let Some(i) = lg.quick.iter().rposition(|sp| sp.len() == len) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             let sp = lg.quick.remove(i).expect("index in range");
             lg.quick_bytes -= len;
             // State FREE for `finish_take`, which cuts nothing off an exact fit.
             sp.state.store(SPAN_FREE, Ordering::Release);
-            return Some(sp);
+            return Some((sp, false));
         }
         let sp = match lg.free.range((len, 0)..).next() {
             Some((_, &sp)) => sp,
@@ -418,28 +415,40 @@ impl Pool {
                 *lg.free.range((len, 0)..).next()?.1
             }
         };
+        // A lazily committed pool prefers memory that needs no commit.
+        let (sp, head) = if self.lazy() {
+            self.committed_fit(lg, len, sp)
+        } else {
+            (sp, false)
+        };
         self.stats.hits.fetch_add(1, Ordering::Relaxed);
         self.unlist_free(lg, sp);
         if sp.is_whole_chunk() {
             // This stream may reuse its own idle chunk at once: its event is moot.
             lg.take_event(sp.start());
         }
-        Some(sp)
+        Some((sp, head))
     }
 
     /// Cut `len` bytes from free span `sp` (out of the set) and give them state `state`,
     /// committing their pages in a lazily committed pool. `hit`: the span was counted as a
     /// cache hit (a commit makes it a miss). On failure the span is free again.
+    #[allow(clippy::too_many_arguments)]
     fn finish_take(
         &'static self,
         lg: &mut Large,
         sp: &'static Span,
+        head: bool,
         len: usize,
         state: u8,
         req: usize,
         hit: bool,
     ) -> Result<&'static Span> {
-        let taken = self.split_tail(lg, sp, len);
+        let taken = if head {
+            self.split_head(lg, sp, len)
+        } else {
+            self.split_tail(lg, sp, len)
+        };
         if self.lazy() {
             // A purge that commits may run meanwhile: it must not merge this span.
             taken.state.store(SPAN_TAKING, Ordering::Release);
@@ -556,7 +565,6 @@ impl Pool {
                 chunk_len: AtomicUsize::new(0),
                 dirty: AtomicBool::new(false),
                 free_epoch: AtomicU64::new(0),
-                free_since: AtomicU64::new(0),
             }))
         });
         sp.state.store(SPAN_FREE, Ordering::Release);
@@ -597,10 +605,34 @@ impl Pool {
         )
     }
 
+    /// Cut `len` bytes off the front of free span `sp` (already out of the free set) and
+    /// return the span for them; the rest stays free (and is queued for purging again).
+    fn split_head(&'static self, lg: &mut Large, sp: &'static Span, len: usize) -> &'static Span {
+        let flen = sp.len();
+        if flen == len {
+            return sp;
+        }
+        let start = sp.start();
+        let chunk = (
+            sp.chunk_base.load(Ordering::Relaxed),
+            sp.chunk_len.load(Ordering::Relaxed),
+        );
+        // The descriptor keeps the rest (its granules still point at it); the head gets a new
+        // one, registered over the head's granules only.
+        sp.start.store(start + len, Ordering::Release);
+        sp.len.store(flen - len, Ordering::Release);
+        lg.free.insert((flen - len, start + len), sp);
+        lg.free_bytes += flen - len;
+        if self.lazy() {
+            self.on_span_free(lg, sp);
+        }
+        self.new_span(lg, start, len, chunk, sp.dirty.load(Ordering::Relaxed))
+    }
+
     /// Put free span `sp` into the free set, merging it with free neighbours in its chunk. A
     /// chunk that becomes wholly free is idle: stamped with an event (stream-ordered pools),
     /// or handed to the group (a retired stream's pool).
-    fn insert_free(&'static self, lg: &mut Large, sp: &'static Span) -> Option<&'static Span> {
+    fn insert_free(&'static self, lg: &mut Large, sp: &'static Span) {
         let cbase = sp.chunk_base.load(Ordering::Relaxed);
         let cend = cbase + sp.chunk_len.load(Ordering::Relaxed);
         let mut cur = sp;
@@ -630,7 +662,7 @@ impl Pool {
                 let chunk = self.detach_chunk(lg, cur);
                 let fence = lock(&self.retire_event).clone();
                 g.adopt(chunk, fence);
-                return None;
+                return;
             }
         }
         let key = cur.key();
@@ -649,7 +681,6 @@ impl Pool {
                 self.stamp_idle(lg, key.1);
             }
         }
-        Some(cur)
     }
 
     /// Record, on this pool's stream, the event after which chunk `base` (now wholly free)
