@@ -9,9 +9,10 @@
 //!   mapped bytes would pass its peak in use by more than [`slack`] purges free spans first,
 //!   oldest first, until `n` bytes went back. So at any peak, mapped ≈ in use + pages shared
 //!   with live blocks + the slack, whatever the pattern of sizes.
-//! - **When memory stays idle.** A free span idle for [`PURGE_DELAY`] is purged at the next
-//!   allocation or free of its pool, so mapped memory falls back after a workload's big phase
-//!   without `trim`.
+//! - **When memory stays idle.** Every [`WINDOW`] the pool compares what it has committed
+//!   with the most it had handed out over the last two windows; free spans beyond that (and
+//!   the slack) are purged at the next large allocation or free of the pool, so mapped memory
+//!   falls back within about [`PURGE_DELAY`] after a workload's big phase, without `trim`.
 //! - **`trim`** (and an out-of-memory retry) purges every free span, waiting if it must.
 //!
 //! **Stream order.** A freed block may still be used by work queued on its stream before the
@@ -26,10 +27,13 @@ use super::*;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// How long a free span keeps its physical memory before it is purged.
-pub(crate) const PURGE_DELAY: Duration = Duration::from_millis(1000);
-/// How often a pool looks for spans due (at most).
-const PURGE_TICK_MS: u64 = 100;
+/// How long committed memory that no block needs stays committed, at most (two windows).
+#[allow(dead_code)] // the bound the docs state; the tests wait for it
+pub(crate) const PURGE_DELAY: Duration = Duration::from_millis(2 * WINDOW_MS);
+/// The working-set window: memory handed out at some point of the last two is kept.
+const WINDOW_MS: u64 = 500;
+/// How often a pool looks at its window (at most).
+const PURGE_TICK_MS: u64 = 50;
 /// Free committed memory a pool may hold above its peak in use before committing more
 /// purges free spans (the larger of this and [`SLACK_SHIFT`]).
 const SLACK_MIN: usize = 32 << 20;
@@ -56,9 +60,14 @@ pub(crate) struct Lazy {
     fences: VecDeque<(u64, cuda::Event)>,
     /// Every epoch below this is over on the device.
     safe: u64,
-    /// Free spans that may hold committed pages, oldest first: (start, when freed). Entries go
-    /// stale when spans merge or are reused; they are checked when read.
-    queue: VecDeque<(usize, Instant)>,
+    /// Free spans that may hold committed pages, oldest first, by start. Entries go stale
+    /// when spans merge or are reused; they are checked when read.
+    queue: VecDeque<usize>,
+    /// Most bytes of `used` in the current window and in the one before.
+    window_peak: usize,
+    last_window_peak: usize,
+    /// When the current window began (`epoch_ms`; 0: not yet).
+    window_start: u64,
 }
 
 impl Lazy {
@@ -74,8 +83,8 @@ pub(super) enum Purge {
     /// Committing this many bytes would pass the peak: give back at least as much, without
     /// waiting for the device.
     Need(usize),
-    /// Give back what has been idle for [`PURGE_DELAY`], without waiting.
-    Decay(Instant),
+    /// Keep what the last two windows used (and the slack), without waiting.
+    Decay,
     /// Give back every free page, waiting for the device where needed.
     All,
 }
@@ -138,18 +147,25 @@ impl Pool {
     /// A span went into the free set (merged with its neighbours, its epoch the newest of
     /// theirs): queue it for purging.
     pub(super) fn on_span_free(&self, lg: &mut Large, sp: &Span) {
-        lg.lazy.queue.push_back((sp.start(), Instant::now()));
+        lg.lazy.queue.push_back(sp.start());
         if lg.lazy.queue.len() > 4 * lg.free.len() + 64 {
             // Mostly stale entries: keep the newest per free span.
             let mut seen = std::collections::HashSet::new();
-            let mut kept: VecDeque<(usize, Instant)> = VecDeque::new();
-            for &(s, t) in lg.lazy.queue.iter().rev() {
+            let mut kept: VecDeque<usize> = VecDeque::new();
+            for &s in lg.lazy.queue.iter().rev() {
                 if self.free_span_at(lg, s).is_some() && seen.insert(s) {
-                    kept.push_front((s, t));
+                    kept.push_front(s);
                 }
             }
             lg.lazy.queue = kept;
         }
+    }
+
+    /// `len` more bytes are handed out (a span, committed): the window's peak follows.
+    pub(super) fn on_span_used(&self, lg: &mut Large, len: usize) {
+        let z = &mut lg.lazy;
+        z.used += len;
+        z.window_peak = z.window_peak.max(z.used);
     }
 
     /// The span of this pool's free set starting at `start`, if there is one.
@@ -234,20 +250,32 @@ impl Pool {
             lg.lazy.queue.clear();
             return freed;
         }
-        while let Some(&(start, at)) = lg.lazy.queue.front() {
-            if let Purge::Decay(now) = how
-                && now.saturating_duration_since(at) < PURGE_DELAY
-            {
+        let keep = match how {
+            Purge::Decay => {
+                let z = &lg.lazy;
+                let peak = z.window_peak.max(z.last_window_peak);
+                peak + slack(peak)
+            }
+            _ => 0,
+        };
+        // One pass over the queue, oldest first; spans whose epoch is not over yet wait at
+        // the back.
+        let mut left = lg.lazy.queue.len();
+        while left > 0
+            && let Some(start) = lg.lazy.queue.pop_front()
+        {
+            left -= 1;
+            if matches!(how, Purge::Decay) && lg.lazy.committed <= keep {
+                lg.lazy.queue.push_front(start);
                 break;
             }
             let Some(sp) = self.free_span_at(lg, start) else {
-                lg.lazy.queue.pop_front();
                 continue;
             };
             if !self.epoch_safe(lg, sp.free_epoch.load(Ordering::Relaxed), false) {
-                break;
+                lg.lazy.queue.push_back(start);
+                continue;
             }
-            lg.lazy.queue.pop_front();
             freed += self.decommit_span(lg, sp);
             if let Purge::Need(n) = how
                 && freed >= n
@@ -271,16 +299,29 @@ impl Pool {
         n
     }
 
-    /// With a purge delay: purge what is due, at most once per tick.
+    /// At most once per tick: when a window is over, purge what the last two did not need.
     pub(super) fn purge_if_due(&'static self, lg: &mut Large) {
-        let due = self.purge_due.load(Ordering::Relaxed);
-        let now = Instant::now();
-        let ms = epoch_ms(now);
-        if ms < due {
+        let ms = epoch_ms(Instant::now());
+        if ms < self.purge_due.load(Ordering::Relaxed) {
             return;
         }
         self.purge_due.store(ms + PURGE_TICK_MS, Ordering::Relaxed);
-        self.purge(lg, Purge::Decay(now));
+        let z = &mut lg.lazy;
+        if z.window_start == 0 {
+            z.window_start = ms;
+        }
+        if ms < z.window_start + WINDOW_MS {
+            return;
+        }
+        // A window with no tick saw no span handed out or freed: its peak is `used`.
+        z.last_window_peak = if ms >= z.window_start + 2 * WINDOW_MS {
+            z.used
+        } else {
+            z.window_peak
+        };
+        z.window_peak = z.used;
+        z.window_start = ms;
+        self.purge(lg, Purge::Decay);
     }
 
     /// Where to cut `len` bytes for a block: `best` (the best fit) if its tail is committed,
@@ -434,6 +475,37 @@ mod tests {
     }
 
     #[test]
+    fn reuse_of_committed_memory_is_a_hit_and_a_commit_a_miss() {
+        let p = lazy_pool(None);
+        let small = p.alloc(512).unwrap().ptr;
+        let a = p.alloc(100 * MB).unwrap().ptr;
+        let b = p.alloc(50 * MB).unwrap().ptr;
+        let (h0, m0) = (
+            p.stats.hits.load(Ordering::Relaxed),
+            p.stats.misses.load(Ordering::Relaxed),
+        );
+        p.free(a).unwrap();
+        p.free(b).unwrap();
+        let c = p.alloc(10 * MB).unwrap().ptr;
+        assert_eq!(
+            p.stats.hits.load(Ordering::Relaxed),
+            h0 + 1,
+            "served by committed pages"
+        );
+        assert_eq!(p.stats.misses.load(Ordering::Relaxed), m0);
+        let d = p.alloc(400 * MB).unwrap().ptr;
+        assert_eq!(
+            p.stats.misses.load(Ordering::Relaxed),
+            m0 + 1,
+            "a commit is a miss"
+        );
+        for x in [small, c, d] {
+            p.free(x).unwrap();
+        }
+        p.trim();
+    }
+
+    #[test]
     fn committing_past_the_peak_purges_old_holes_first() {
         let p = lazy_pool(None);
         let (peak_mapped, peak, keep) = fragmenting_steps(p);
@@ -490,6 +562,41 @@ mod tests {
         );
         for x in [small, other] {
             touch(x, 1 << 20);
+            p.free(x).unwrap();
+        }
+        p.trim();
+    }
+
+    #[test]
+    fn a_big_phase_falls_back_while_small_blocks_keep_coming() {
+        let p = lazy_pool(None);
+        let big: Vec<usize> = (1..=6).map(|i| p.alloc(i * 20 * MB).unwrap().ptr).collect();
+        let peak = mapped(p);
+        let in_use = 5 * 3 * MB;
+        assert!(
+            peak > in_use + slack(in_use) + 4 * PAGE,
+            "the bound below means something"
+        );
+        for b in big {
+            p.free(b).unwrap();
+        }
+        let t0 = Instant::now();
+        let mut small = Vec::new();
+        while t0.elapsed() < PURGE_DELAY + Duration::from_millis(4 * PURGE_TICK_MS) {
+            small.push(p.alloc(3 * MB).unwrap().ptr);
+            if small.len() > 4 {
+                p.free(small.remove(0)).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            mapped(p) <= in_use + slack(in_use) + 4 * PAGE,
+            "{} MiB mapped of a {} MiB peak, {} MiB in use",
+            mapped(p) >> 20,
+            peak >> 20,
+            in_use >> 20
+        );
+        for x in small {
             p.free(x).unwrap();
         }
         p.trim();

@@ -468,7 +468,7 @@ impl Pool {
                     return Err(e);
                 }
             }
-            lg.lazy.used += len;
+            self.on_span_used(lg, len);
         }
         taken.req.store(req, Ordering::Relaxed);
         if state == SPAN_SLAB {
