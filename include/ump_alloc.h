@@ -22,8 +22,8 @@
 // Version of `ump_identity`.
 #define UMP_IDENTITY_VERSION 1
 
-// Current version of `struct ump_pool_stat`.
-#define UMP_POOL_STAT_VERSION 1
+// Current version of `struct ump_pool_stat` (2: `reserved`).
+#define UMP_POOL_STAT_VERSION 2
 
 // `ump_scope_begin_ex` flag: at the end, report live blocks but leave them allocated (for
 // callers whose blocks are owned elsewhere, such as Python arrays).
@@ -32,8 +32,9 @@
 // Version of `ump_scope_report`.
 #define UMP_SCOPE_REPORT_VERSION 1
 
-// Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields).
-#define UMP_STATS_VERSION 2
+// Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields; 3: address space
+// reserved and the largest free block, per device and for the host side).
+#define UMP_STATS_VERSION 3
 
 // The pair of sides in force, as a C value: a preset, or `UMP_MODE_CUSTOM`.
 enum ump_mode {
@@ -253,6 +254,16 @@ struct ump_stats {
   // Bytes of host memory pinned now (both sides), and the cap (`UMP_ALLOC_PINNED_LIMIT`).
   uint64_t pinned;
   uint64_t pinned_cap;
+  // Per device: bytes of address space its pools hold. A virtual-memory pool reserves more
+  // than it maps (`devices[i].mapped` counts the physical memory mapped into it); for other
+  // pools the two are equal but for rounding.
+  uint64_t device_reserved[16];
+  // Per device: the largest free block any of its pools serves without mapping more.
+  // With `devices[i].cached`, it measures fragmentation (1 - largest free / cached).
+  uint64_t device_largest_free[16];
+  // The host side: bytes of address space its pools hold, and the largest free block.
+  uint64_t host_reserved;
+  uint64_t host_largest_free;
 };
 
 // One pool of ump-alloc, as `ump_pool_stat` reports it. Versioned like `ump_stats`.
@@ -275,6 +286,9 @@ struct ump_pool_stat {
   uint64_t cached;
   // The largest free block: the largest request served without mapping more.
   uint64_t largest_free;
+  // Bytes of address space its chunks hold: more than `mapped` for a virtual-memory pool
+  // (pages are mapped into it as blocks land on them), equal otherwise (version 2).
+  uint64_t reserved;
 };
 
 // What a scope saw, filled by `ump_scope_end_ex`. Versioned like `ump_stats`.

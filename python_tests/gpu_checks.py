@@ -5,6 +5,7 @@ before kernels write them. Prints ``PASS NAME`` on success."""
 import ctypes
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -1450,3 +1451,127 @@ def public_torch_allocator():
     else:
         raise AssertionError("a 1 TiB tensor did not raise torch.OutOfMemoryError")
     print("public torch allocator: ok")
+
+
+# ---- issue 12: the virtual-memory device pool --------------------------------------------------
+
+
+def _dev_stats():
+    import ump_alloc
+
+    return ump_alloc.stats()["devices"][0]
+
+
+def vmm_device_pool():
+    """Device side 'device' as a virtual-memory pool: a 4 KiB CuPy array holds one 2 MiB page,
+    not a 64 MiB arena (the control, UMP_ALLOC_DEVICE_VMM=0, maps the arena); blocks of random
+    sizes filled by kernels with random data keep their contents and addresses while others
+    are freed, purged and mapped again; trim gives every free page back."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    vmm = os.environ.get("UMP_ALLOC_DEVICE_VMM", "1") == "1"
+    tiny = cp.empty(4096, cp.uint8)
+    st = _dev_stats()
+    mib = 1 << 20
+    if vmm:
+        assert st["mapped"] == 2 * mib, st
+        assert st["reserved"] >= 1 << 30, st
+    else:
+        assert st["mapped"] == 64 * mib and st["reserved"] >= st["mapped"], st
+        print(f"control (chunks): a 4 KiB array maps {st['mapped'] // mib} MiB")
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    live = {}
+    for round_ in range(4):
+        for _ in range(60):
+            n = int(np.exp(rng.uniform(np.log(256), np.log(300 * mib)))) // 4
+            x = cp.random.randint(0, 2**31, size=n, dtype=cp.int32)
+            live[x.data.ptr] = (x, cp.asnumpy(x))
+        keys = list(live)
+        rng.shuffle(keys)
+        for k in keys[: len(keys) // 2]:
+            del live[k]
+        if round_ == 2:
+            ump_alloc.trim()
+        for ptr, (x, h) in live.items():
+            assert x.data.ptr == ptr
+            assert np.array_equal(cp.asnumpy(x), h), "a live block changed while others were purged"
+    st = _dev_stats()
+    assert st["mapped"] <= st["reserved"] or not vmm, st
+    print(f"{len(live)} live blocks: in use {st['in_use'] // mib} MiB, mapped {st['mapped'] // mib} MiB, "
+          f"reserved {st['reserved'] // mib} MiB, largest free {st['largest_free'] // mib} MiB, "
+          f"fragmentation {st['fragmentation']:.2f}")
+    live.clear()
+    del x, tiny
+    ump_alloc.trim()
+    st = _dev_stats()
+    assert st["in_use"] == 0 and st["mapped"] == 0, st
+
+
+def vmm_purge_waits_for_queued_work():
+    """A block freed while a queued kernel still reads it (behind a 300 ms spin on its stream)
+    keeps its pages until that kernel is done, although committing a larger block right after
+    the free asks for room; once the stream is done, the next commit purges them. If the pages
+    went early, the kernel would fault (illegal address) or read garbage into z."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    mib = 1 << 20
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        x = cp.random.standard_normal(64 * mib, dtype=cp.float32)  # 256 MiB
+        z = cp.full(x.size, np.nan, dtype=cp.float32)
+        s.synchronize()
+        hx = cp.asnumpy(x)
+        _spin(s, 300)
+        cp.multiply(x, 2, out=z)  # queued behind the spin: reads x
+        del x  # freed on s while the kernel that reads it waits
+        before = _dev_stats()
+        y = cp.empty(512 * mib, cp.uint8)  # commits past the peak: wants x's pages back
+        mid = _dev_stats()
+        assert not s.done, "the spin should still run: make it longer"
+        assert mid["mapped"] >= before["mapped"] + 512 * mib - 4 * mib, (before, mid)
+    s.synchronize()
+    out = cp.asnumpy(z)
+    assert not np.isnan(out).any() and np.array_equal(out, hx * 2), "the kernel read purged memory"
+    # Now x's epoch is over: the next commit past the peak takes its pages back.
+    with s:
+        w = cp.empty(768 * mib, cp.uint8)
+    after = _dev_stats()
+    assert after["mapped"] < mid["mapped"] + 768 * mib - 128 * mib, (mid, after)
+    print(f"mapped: {before['mapped'] // mib} MiB after the free, {mid['mapped'] // mib} MiB while the kernel ran, "
+          f"{after['mapped'] // mib} MiB once it was done (in use {after['in_use'] // mib} MiB)")
+    del y, w, z
+
+
+def vmm_idle_pages_go_back():
+    """After a big phase (4 GiB of blocks of many sizes made and freed), a small phase that keeps
+    allocating for 2 s brings mapped memory back near what it uses, with no trim."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    mib = 1 << 20
+    rng = np.random.default_rng(3)
+    big = [cp.empty(int(rng.integers(16, 400)) * mib, cp.uint8) for _ in range(20)]
+    for b in big:
+        b.fill(7)
+    peak = _dev_stats()["mapped"]
+    del big, b
+    assert _dev_stats()["mapped"] >= peak - 64 * mib, "freed blocks keep their pages until the purge delay"
+    t0 = time.time()
+    keep = []
+    while time.time() - t0 < 2.0:
+        keep.append(cp.ones(int(rng.integers(1, 8)) * mib // 4, cp.float32))
+        if len(keep) > 8:
+            keep.pop(0)
+        time.sleep(0.01)
+    st = _dev_stats()
+    assert st["mapped"] <= st["in_use"] + 96 * mib, st
+    print(f"mapped {peak // mib} MiB at the big phase, {st['mapped'] // mib} MiB after 2 s of small blocks "
+          f"(in use {st['in_use'] // mib} MiB), no trim")

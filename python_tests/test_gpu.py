@@ -259,3 +259,19 @@ def test_public_cupy_allocator():
 
 def test_public_torch_allocator():
     check("public_torch_allocator", "managed", {"UMP_ALLOC_LIMIT": "64G"})
+
+
+# ---- issue 12: the virtual-memory device pool and managed-memory residency ---------------------
+
+
+@pytest.mark.parametrize("vmm", ["1", "0"])
+def test_vmm_device_pool(vmm):
+    check("vmm_device_pool", "device", {"UMP_ALLOC_DEVICE_VMM": vmm})
+
+
+def test_vmm_purge_waits_for_queued_work():
+    check("vmm_purge_waits_for_queued_work", "device")
+
+
+def test_vmm_idle_pages_go_back():
+    check("vmm_idle_pages_go_back", "device")

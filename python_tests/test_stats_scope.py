@@ -23,7 +23,7 @@ def test_stats_follow_numpy_allocations(ump):
 def _stats_follow(rng):
     ump_alloc.reset_peak()
     s0 = ump_alloc.stats()
-    assert s0["version"] == 2 and s0["mode"] != "unset"
+    assert s0["version"] == 3 and s0["mode"] != "unset"
     a = rng.random(1 << 20)  # 8 MiB
     s1 = ump_alloc.stats()
     assert ump_alloc.handles(a)
@@ -38,6 +38,11 @@ def _stats_follow(rng):
     assert s2["host"]["in_use"] <= s1["host"]["in_use"] - (8 << 20)
     assert s2["host"]["in_use_peak"] == peak
     assert s2["host"]["cached"] >= 8 << 20
+    # Layout (version 3): address space held, the largest free block, fragmentation.
+    h = s2["host"]
+    assert h["reserved"] >= h["mapped"] - h["cached"] > 0, h
+    assert 0 < h["largest_free"] <= h["cached"], h
+    assert h["fragmentation"] == pytest.approx(1 - h["largest_free"] / h["cached"]), h
     ump_alloc.reset_peak()
     assert ump_alloc.stats()["host"]["in_use_peak"] == ump_alloc.stats()["host"]["in_use"]
 

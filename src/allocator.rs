@@ -375,6 +375,10 @@ pub fn collect_stats() -> ump_stats {
         host_fallback_mapped: 0,
         pinned: 0,
         pinned_cap: 0,
+        device_reserved: [0; STATS_DEVICES],
+        device_largest_free: [0; STATS_DEVICES],
+        host_reserved: 0,
+        host_largest_free: 0,
     };
     let Some(a) = get() else {
         return s;
@@ -390,6 +394,11 @@ pub fn collect_stats() -> ump_stats {
     let (pinned, cap) = crate::backing::pinned();
     s.pinned = pinned as u64;
     s.pinned_cap = cap as u64;
+    for p in a.host.pools() {
+        let r = p.report();
+        s.host_reserved += r.reserved as u64;
+        s.host_largest_free = s.host_largest_free.max(r.largest_free as u64);
+    }
     s.host_kind = host.kind();
     s.kinds[host.kind() as usize].add(&s.host);
     s.total.add(&s.host);
@@ -409,6 +418,10 @@ pub fn collect_stats() -> ump_stats {
         {
             s.devices[i] = u;
             s.device_count = s.device_count.max(i as u32 + 1);
+            for r in g.reports() {
+                s.device_reserved[i] += r.reserved as u64;
+                s.device_largest_free[i] = s.device_largest_free[i].max(r.largest_free as u64);
+            }
         }
     }
     s

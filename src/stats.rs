@@ -263,8 +263,9 @@ mod tests {
     }
 }
 
-/// Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields).
-pub const UMP_STATS_VERSION: u32 = 2;
+/// Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields; 3: address space
+/// reserved and the largest free block, per device and for the host side).
+pub const UMP_STATS_VERSION: u32 = 3;
 /// Most devices `ump_stats` reports on (`UMP_MAX_DEVICES`; the struct spells out 16 so that
 /// the header does too).
 pub(crate) const STATS_DEVICES: usize = 16;
@@ -324,6 +325,16 @@ pub struct ump_stats {
     /// Bytes of host memory pinned now (both sides), and the cap (`UMP_ALLOC_PINNED_LIMIT`).
     pub pinned: u64,
     pub pinned_cap: u64,
+    /// Per device: bytes of address space its pools hold. A virtual-memory pool reserves more
+    /// than it maps (`devices[i].mapped` counts the physical memory mapped into it); for other
+    /// pools the two are equal but for rounding.
+    pub device_reserved: [u64; 16],
+    /// Per device: the largest free block any of its pools serves without mapping more.
+    /// With `devices[i].cached`, it measures fragmentation (1 - largest free / cached).
+    pub device_largest_free: [u64; 16],
+    /// The host side: bytes of address space its pools hold, and the largest free block.
+    pub host_reserved: u64,
+    pub host_largest_free: u64,
 }
 
 const _: () = assert!(STATS_KINDS == Kind::UMP_KIND_FOREIGN_HOST as usize + 1);

@@ -594,6 +594,13 @@ def stats() -> dict:
     ``stats()["devices"][0]["in_use_peak"]`` is PyTorch's ``max_memory_allocated``, which its
     pluggable-allocator path cannot report. Peaks of ``host`` and of each device are exact;
     ``total`` and per-kind peaks that add several of them are upper bounds.
+
+    ``host`` and each ``devices[i]`` also have ``reserved`` (bytes of address space their pools
+    hold: a virtual-memory device pool reserves address space once and maps physical memory
+    into it as blocks land, so ``mapped`` is the memory it holds and ``reserved`` can be far
+    larger; elsewhere the two are equal but for rounding), ``largest_free`` (the largest block
+    served without mapping more) and ``fragmentation`` (``1 - largest_free / cached``: 0 when
+    the cache is one free block, near 1 when it is scattered in pieces too small to use).
     """
     s = _lib.Stats()
     s.size = _ctypes.sizeof(_lib.Stats)
@@ -604,7 +611,7 @@ def stats() -> dict:
         if s.kinds[k].mapped_peak or s.kinds[k].allocs
     }
     devices = {
-        i: s.devices[i].as_dict()
+        i: _with_layout(s.devices[i].as_dict(), s.device_reserved[i], s.device_largest_free[i])
         for i in range(min(s.device_count, _lib.MAX_DEVICES))
         if s.devices[i].mapped_peak or s.devices[i].allocs
     }
@@ -612,7 +619,7 @@ def stats() -> dict:
         "version": int(s.version),
         "mode": _lib.MODE_NAMES.get(s.mode, "unset"),
         "total": s.total.as_dict(),
-        "host": s.host.as_dict(),
+        "host": _with_layout(s.host.as_dict(), s.host_reserved, s.host_largest_free),
         "host_kind": _lib.KIND_NAMES.get(s.host_kind, "unknown"),
         "device_kind": _lib.KIND_NAMES.get(s.device_kind, "unknown"),
         "kinds": kinds,
@@ -632,6 +639,14 @@ def stats() -> dict:
             "other": int(s.errors_other),
         },
     }
+
+
+def _with_layout(usage: dict, reserved: int, largest_free: int) -> dict:
+    """``usage`` with ``reserved``, ``largest_free`` and ``fragmentation`` added."""
+    usage["reserved"] = int(reserved)
+    usage["largest_free"] = int(largest_free)
+    usage["fragmentation"] = 1.0 - min(1.0, largest_free / usage["cached"]) if usage["cached"] else 0.0
+    return usage
 
 
 def reset_peak() -> None:

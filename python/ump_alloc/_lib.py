@@ -146,6 +146,7 @@ class PoolStat(Structure):
         ("mapped", c_uint64),
         ("cached", c_uint64),
         ("largest_free", c_uint64),
+        ("reserved", c_uint64),
     ]
 
 
@@ -175,6 +176,10 @@ class Stats(Structure):
         ("host_fallback_mapped", c_uint64),
         ("pinned", c_uint64),
         ("pinned_cap", c_uint64),
+        ("device_reserved", c_uint64 * MAX_DEVICES),
+        ("device_largest_free", c_uint64 * MAX_DEVICES),
+        ("host_reserved", c_uint64),
+        ("host_largest_free", c_uint64),
     ]
 
 

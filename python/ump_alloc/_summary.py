@@ -12,8 +12,9 @@ def pool_stats() -> list[dict]:
     """One dict per pool: the host side's pools (``device`` -1; ``fallback`` marks the plain
     host memory used when the host side's own kind was not available), then each device's, one
     per stream (``stream``: the handle, 0 for the legacy default stream; ``retired``). Each has
-    ``mapped`` (bytes of chunks it holds), ``cached`` (free bytes ready for reuse) and
-    ``largest_free`` (the largest request it serves without mapping more)."""
+    ``mapped`` (bytes of physical memory it holds), ``reserved`` (bytes of address space its
+    chunks hold: more than ``mapped`` for a virtual-memory pool), ``cached`` (free bytes ready
+    for reuse) and ``largest_free`` (the largest request it serves without mapping more)."""
     L = _lib.lib()
     out = []
     i = 0
@@ -31,6 +32,7 @@ def pool_stats() -> list[dict]:
                 "mapped": int(s.mapped),
                 "cached": int(s.cached),
                 "largest_free": int(s.largest_free),
+                "reserved": int(s.reserved),
             }
         )
         i += 1
@@ -53,46 +55,55 @@ def _count(n) -> str:
     return "-" if n is None else f"{n:,}"
 
 
-COLUMNS = ("in use", "cached", "mapped", "peak", "largest free", "hits", "misses")
+COLUMNS = ("in use", "cached", "mapped", "reserved", "peak", "largest free", "frag", "hits", "misses")
+
+
+def _frag(largest, cached) -> str:
+    """Fragmentation of a cache: 1 - largest free block / cached bytes."""
+    return "-" if not cached else f"{1.0 - min(1.0, largest / cached):.0%}"
 
 
 def memory_summary() -> str:
     """A table of ump-alloc's memory: per side (the host side for NumPy, with its fallback and
     pinned bytes; the device side for CuPy/PyTorch/Numba), per device and per stream: bytes in
-    use, cached (free, ready for reuse), mapped (taken from the OS or the driver), the peak in
-    use, the largest free block, cache hits and misses. Per stream, "in use" is what its chunks
-    hold minus what is free in them (block sizes as rounded by the pool)."""
+    use, cached (free, ready for reuse), mapped (physical memory taken from the OS or the
+    driver), reserved (address space: more than mapped for a virtual-memory pool), the peak in
+    use, the largest free block, fragmentation (1 - largest free / cached), cache hits and
+    misses. Per stream, "in use" is what it maps minus what is free in it (block sizes as
+    rounded by the pool)."""
     from . import mode, stats
 
     st = stats()
     pools = pool_stats()
     rows: list[tuple[str, tuple]] = []
 
-    def usage_row(label, u, largest):
-        rows.append((label, (_size(u["in_use"]), _size(u["cached"]), _size(u["mapped"]), _size(u["in_use_peak"]),
-                             _size(largest), _count(u["hits"]), _count(u["misses"]))))
+    def usage_row(label, u):
+        rows.append((label, (_size(u["in_use"]), _size(u["cached"]), _size(u["mapped"]), _size(u["reserved"]),
+                             _size(u["in_use_peak"]), _size(u["largest_free"]), _frag(u["largest_free"], u["cached"]),
+                             _count(u["hits"]), _count(u["misses"]))))
+
+    def pool_row(label, p, in_use, allocs="-"):
+        rows.append((label, (in_use, _size(p["cached"]), _size(p["mapped"]), _size(p["reserved"]), "-",
+                             _size(p["largest_free"]), _frag(p["largest_free"], p["cached"]), allocs, "-")))
 
     host_pools = [p for p in pools if p["device"] < 0]
-    largest_host = max((p["largest_free"] for p in host_pools), default=0)
-    usage_row(f"host side (NumPy): {st['host_kind']}", st["host"], largest_host)
+    usage_row(f"host side (NumPy): {st['host_kind']}", st["host"])
     fb = [p for p in host_pools if p["fallback"]]
     if fb or st["host_fallback"]["allocs"]:
-        f = fb[0] if fb else {"mapped": 0, "cached": 0, "largest_free": 0}
-        rows.append(("  fallback (plain host memory)", ("-", _size(f["cached"]), _size(f["mapped"]), "-",
-                                                       _size(f["largest_free"]), _count(st["host_fallback"]["allocs"]), "-")))
+        f = fb[0] if fb else {"mapped": 0, "cached": 0, "largest_free": 0, "reserved": 0}
+        pool_row("  fallback (plain host memory)", f, "-", _count(st["host_fallback"]["allocs"]))
     if st["host_kind"] == "registered":
         rows.append((f"  pinned: {_size(st['pinned']['bytes'])} of cap {_size(st['pinned']['cap'])}", None))
     if not st["devices"]:
         rows.append(("device side: nothing allocated (no GPU, host mode, or no GPU library used)", None))
     for dev, u in sorted(st["devices"].items()):
         mine = [p for p in pools if p["device"] == dev]
-        usage_row(f"device {dev} ({st['device_kind']})", u, max((p["largest_free"] for p in mine), default=0))
+        usage_row(f"device {dev} ({st['device_kind']})", u)
         for p in sorted(mine, key=lambda p: p["stream"]):
             name = "legacy default" if p["stream"] == 0 else f"{p['stream']:#x}"
             if p["retired"]:
                 name += " (retired)"
-            rows.append((f"  stream {name}", (_size(p["mapped"] - p["cached"]), _size(p["cached"]), _size(p["mapped"]),
-                                              "-", _size(p["largest_free"]), "-", "-")))
+            pool_row(f"  stream {name}", p, _size(p["mapped"] - p["cached"]))
     w = max([len(r[0]) for r in rows if r[1] is not None] + [30])
     cw = max([len(c) for c in COLUMNS] + [len(c) for _, cells in rows if cells is not None for c in cells])
     line = "=" * (w + 3 + (cw + 3) * len(COLUMNS))

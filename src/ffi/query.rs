@@ -564,10 +564,13 @@ pub struct ump_pool_stat {
     pub cached: u64,
     /// The largest free block: the largest request served without mapping more.
     pub largest_free: u64,
+    /// Bytes of address space its chunks hold: more than `mapped` for a virtual-memory pool
+    /// (pages are mapped into it as blocks land on them), equal otherwise (version 2).
+    pub reserved: u64,
 }
 
-/// Current version of `struct ump_pool_stat`.
-pub const UMP_POOL_STAT_VERSION: u32 = 1;
+/// Current version of `struct ump_pool_stat` (2: `reserved`).
+pub const UMP_POOL_STAT_VERSION: u32 = 2;
 
 /// Fill `*out` with pool number `index` (0, 1, ...: the host side's pools, then each device's,
 /// one per stream). Returns `UMP_OK`; `UMP_ERR_INVALID` past the last pool (and before the first
@@ -604,6 +607,7 @@ pub unsafe extern "C" fn ump_pool_stat(index: usize, out: *mut ump_pool_stat) ->
             mapped: r.mapped as u64,
             cached: r.cached as u64,
             largest_free: r.largest_free as u64,
+            reserved: r.reserved as u64,
         };
         // SAFETY: non-NULL; the caller provides `size` bytes (the whole struct when 0).
         match unsafe { write_versioned(out, full) } {
