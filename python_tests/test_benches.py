@@ -13,6 +13,7 @@ BENCHES = sorted(f for f in os.listdir(os.path.join(ROOT, "benches")) if f.endsw
 GPU_BENCHES = {
     "churn_bench.py": [],
     "cupy_alloc_bench.py": ["--n", "10", "--rounds", "1"],
+    "fragmentation_bench.py": ["--repeat", "1"],
     "pinned_probe.py": ["--gib", "0.01", "--reps", "1"],
     "pipeline_bench.py": ["--mib", "1", "--iters", "1"],
     "torch_patch_overhead_bench.py": [],
