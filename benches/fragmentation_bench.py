@@ -9,7 +9,8 @@ configuration runs in a fresh process (an allocator is fixed per process), in tu
 The workload (the same seeded sequence for every configuration): 6 layers of an MLP block and
 an attention-score block (fp16 matrix products on random data) over B x L tokens, forward then
 backward, one host synchronisation per step. L is drawn every step from 512-2048 in the big
-phase and from 64-384 in the small phase that follows (run for 2.5 s). Every 4th step keeps a
+phase (5 warm-up steps, then --steps timed ones) and from 64-384 in the small phase that
+follows (run for 2.5 s). Every 4th step keeps a
 block of 4-96 MiB, allocated in the middle of the forward pass, alive for 20 steps.
 
 Reported per configuration (median over the repeats):
@@ -18,7 +19,7 @@ Reported per configuration (median over the repeats):
   device's mapped_peak, i.e. committed physical memory);
 - peak in use: the allocator's own figure (torch: max_memory_allocated; CuPy: used_bytes at each
   step's peak; ump-alloc: in_use_peak) and the workload's own count of live bytes;
-- time: seconds for the big phase's steps (after 3 warm-up steps, synchronised);
+- time: seconds for the big phase's timed steps (synchronised), median and fastest run;
 - after: memory held at the end of the small phase, with no trim or empty_cache.
 """
 
@@ -39,6 +40,7 @@ sys.path.insert(0, HERE)
 B, H, F, LAYERS = 8, 1024, 4096, 6
 BIG, SMALL = (512, 2048), (64, 384)
 KEEP_EVERY, KEEP_FOR, KEEP_MIB = 4, 20, (4, 96)
+WARMUP = 5
 MIB = 1 << 20
 
 CONFIGS: dict[str, dict[str, str]] = {
@@ -185,7 +187,7 @@ class CuPy(Torch):
         return total, peak, self.peak_used, self.pool.used_bytes()
 
 
-def workload(xp) -> dict:
+def workload(xp, n_big: int) -> dict:
     rng = np.random.default_rng(1234)
     params = [(xp.randn(H, F), xp.randn(F, H)) for _ in range(LAYERS)]
     kept: list[tuple[int, object]] = []  # (step it goes at, block)
@@ -234,14 +236,13 @@ def workload(xp) -> dict:
         xp.sync(g)
         untrack(g)
 
-    for i in range(3):
+    for i in range(WARMUP):
         step(i, BIG)
     t0 = time.perf_counter()
-    n_big = 30
-    for i in range(3, 3 + n_big):
+    for i in range(WARMUP, WARMUP + n_big):
         step(i, BIG)
     big_s = time.perf_counter() - t0
-    i = 3 + n_big
+    i = WARMUP + n_big
     t1 = time.perf_counter()
     while time.perf_counter() - t1 < 2.5:
         step(i, SMALL)
@@ -255,29 +256,29 @@ def workload(xp) -> dict:
         "workload_peak": live["peak"],
         "reserved_after": reserved_now,
         "in_use_after": in_use_now,
-        "steps_small": i - 3 - n_big,
+        "steps_small": i - WARMUP - n_big,
         **xp.extra(),
     }
 
 
-def run_one(name: str) -> dict:
+def run_one(name: str, steps: int) -> dict:
     if name.startswith("cupy") or name == "ump-cupy":
         xp = CuPy({"cupy-pool": "pool", "cupy-async": "async", "ump-cupy": "ump"}[name])
     else:
         xp = Torch(use_ump=name.startswith("ump"))
-    r = workload(xp)
+    r = workload(xp, steps)
     r["config"] = name
     return r
 
 
-def run_in_child(name: str) -> dict:
+def run_in_child(name: str, steps: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UMP_ALLOC_", "PYTORCH_CUDA_ALLOC_CONF"))}
     if "UMP_ALLOC_LIBRARY" in os.environ:
         env["UMP_ALLOC_LIBRARY"] = os.environ["UMP_ALLOC_LIBRARY"]
     env.pop("UMP_ALLOC", None)
     env.update(CONFIGS[name])
     r = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--run", name], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, os.path.abspath(__file__), "--run", name, "--steps", str(steps)], env=env, capture_output=True, text=True, timeout=600
     )
     if r.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{r.stdout}\n{r.stderr}")
@@ -288,11 +289,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", help="comma-separated configurations (default: all)")
     ap.add_argument("--repeat", type=int, default=2, help="runs per configuration, in turn (default 2)")
+    ap.add_argument("--steps", type=int, default=60, help="timed steps of the big phase (default 60)")
     ap.add_argument("--run", metavar="CONFIG", help="run one configuration in this process, print JSON")
     ap.add_argument("--json", metavar="FILE", help="also write every run to FILE")
     args = ap.parse_args()
     if args.run:
-        print(json.dumps(run_one(args.run)))
+        print(json.dumps(run_one(args.run, args.steps)))
         return
     from _benchutil import gpu_or_skip
 
@@ -307,19 +309,26 @@ def main() -> None:
     for rep in range(args.repeat):
         for n in names:
             print(f"[{rep + 1}/{args.repeat}] {n} ...", file=sys.stderr, flush=True)
-            runs[n].append(run_in_child(n))
+            runs[n].append(run_in_child(n, args.steps))
     med = {
         n: {k: float(np.median([r[k] for r in rs])) for k in rs[0] if isinstance(rs[0][k], (int, float))}
         for n, rs in runs.items()
     }
+    fastest = {n: min(r["time_big_s"] for r in rs) for n, rs in runs.items()}
     base = med.get("torch-native", {}).get("time_big_s")
-    print(f"{'configuration':18} {'peak reserved':>14} {'peak in use':>12} {'ratio':>6} {'workload':>9} {'time (big)':>11} {'vs native':>9} {'after (MiB)':>12}")
+    base_min = fastest.get("torch-native")
+    print(
+        f"{'configuration':18} {'peak reserved':>14} {'peak in use':>12} {'ratio':>6} {'workload':>9} "
+        f"{'time median':>11} {'vs native':>9} {'time min':>9} {'vs native':>9} {'after (MiB)':>12}"
+    )
     for n, m in med.items():
         ratio = m["peak_reserved"] / m["peak_in_use"] if m["peak_in_use"] else float("nan")
         rel = f"{m['time_big_s'] / base:.3f}x" if base else "-"
+        rel_min = f"{fastest[n] / base_min:.3f}x" if base_min else "-"
         print(
             f"{n:18} {m['peak_reserved'] / MIB:11.0f} MiB {m['peak_in_use'] / MIB:8.0f} MiB {ratio:6.3f} "
-            f"{m['workload_peak'] / MIB:6.0f} MiB {m['time_big_s']:10.3f}s {rel:>9} {m['reserved_after'] / MIB:12.0f}"
+            f"{m['workload_peak'] / MIB:6.0f} MiB {m['time_big_s']:10.3f}s {rel:>9} {fastest[n]:8.3f}s {rel_min:>9} "
+            f"{m['reserved_after'] / MIB:12.0f}"
         )
     if args.json:
         with open(args.json, "w") as f:

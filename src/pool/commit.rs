@@ -22,7 +22,7 @@
 //! `trim`). A retired stream's spans wait for its retire event instead. Pools that are not
 //! stream-ordered (host memory, or no CUDA driver) need no fence.
 
-use super::span::{SPAN_FREE, Span};
+use super::span::{Fit, SPAN_FREE, Span};
 use super::*;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -104,8 +104,9 @@ impl Pool {
         lg: &mut Large,
         start: usize,
         len: usize,
+        need: Option<usize>,
     ) -> Result<bool> {
-        let need = self.backing.uncommitted(start, len);
+        let need = need.unwrap_or_else(|| self.backing.uncommitted(start, len));
         if need == 0 {
             return Ok(false);
         }
@@ -327,32 +328,35 @@ impl Pool {
     /// Where to cut `len` bytes for a block: `best` (the best fit) if its tail is committed,
     /// else, among the next few fits, the end (head or tail) with the fewest bytes to commit,
     /// so that committed memory is reused before fresh pages are committed and old ones
-    /// purged. Returns the span and whether to cut its head.
-    pub(super) fn committed_fit(
-        &self,
-        lg: &Large,
-        len: usize,
-        best: &'static Span,
-    ) -> (&'static Span, bool) {
+    /// purged.
+    pub(super) fn committed_fit(&self, lg: &Large, len: usize, best: &'static Span) -> Fit {
         let tail = |sp: &Span| self.backing.uncommitted(sp.start() + sp.len() - len, len);
-        if tail(best) == 0 {
-            return (best, false);
+        let mut pick = Fit {
+            span: best,
+            head: false,
+            need: Some(tail(best)),
+        };
+        if pick.need == Some(0) {
+            return pick;
         }
-        let mut pick = (best, false, tail(best));
         for (_, &sp) in lg.free.range((len, 0)..).take(FIT_CANDIDATES) {
             for (head, need) in [
                 (false, tail(sp)),
                 (true, self.backing.uncommitted(sp.start(), len)),
             ] {
-                if need < pick.2 {
-                    pick = (sp, head, need);
+                if Some(need) < pick.need {
+                    pick = Fit {
+                        span: sp,
+                        head,
+                        need: Some(need),
+                    };
                 }
             }
-            if pick.2 == 0 {
+            if pick.need == Some(0) {
                 break;
             }
         }
-        (pick.0, pick.1)
+        pick
     }
 
     /// The largest free block that needs no commit: the longest committed run of a free span.

@@ -93,6 +93,25 @@ impl Span {
     }
 }
 
+/// Where a block is cut from: a free span (out of the free set), which end of it, and, when
+/// known, how many bytes committing that end takes.
+#[derive(Clone, Copy)]
+pub(super) struct Fit {
+    pub(super) span: &'static Span,
+    pub(super) head: bool,
+    pub(super) need: Option<usize>,
+}
+
+impl Fit {
+    pub(super) fn tail(span: &'static Span) -> Fit {
+        Fit {
+            span,
+            head: false,
+            need: None,
+        }
+    }
+}
+
 /// The large-block state of a pool (under its large lock).
 #[derive(Default)]
 pub(crate) struct Large {
@@ -336,9 +355,6 @@ impl Pool {
 
     fn take_span_for(&'static self, len: usize, state: u8, req: usize) -> Result<&'static Span> {
         self.decay_if_due();
-        if self.lazy() {
-            self.purge_if_due(&mut lock(&self.large));
-        }
         let chunk_len = self.backing.chunk_len(len);
         let mut retried = false;
         loop {
@@ -368,8 +384,11 @@ impl Pool {
         if let Some(g) = self.group {
             {
                 let mut lg = lock(&self.large);
-                if let Some((sp, head)) = self.take_fit(&mut lg, len) {
-                    return self.finish_take(&mut lg, sp, head, len, state, req, true);
+                if self.lazy() {
+                    self.purge_if_due(&mut lg);
+                }
+                if let Some(fit) = self.take_fit(&mut lg, len) {
+                    return self.finish_take(&mut lg, fit, len, state, req, true);
                 }
             }
             // No lock of ours is held while other pools' locks are taken.
@@ -378,32 +397,34 @@ impl Pool {
                 let mut lg = lock(&self.large);
                 self.attach_chunk(&mut lg, chunk);
                 let sp = self.chunk_span(&mut lg, &chunk, true);
-                return self.finish_take(&mut lg, sp, false, len, state, req, true);
+                return self.finish_take(&mut lg, Fit::tail(sp), len, state, req, true);
             }
             // A lazily committed chunk costs no memory until its pages are committed.
             g.make_room(if self.lazy() { len } else { chunk_len }, len);
         }
         let mut lg = lock(&self.large);
-        if let Some((sp, head)) = self.take_fit(&mut lg, len) {
-            return self.finish_take(&mut lg, sp, head, len, state, req, true);
+        if self.group.is_none() && self.lazy() {
+            self.purge_if_due(&mut lg);
+        }
+        if let Some(fit) = self.take_fit(&mut lg, len) {
+            return self.finish_take(&mut lg, fit, len, state, req, true);
         }
         let chunk = self.map_chunk(&mut lg, chunk_len, len)?;
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
         let dirty = !self.backing.fresh_is_zero();
         let sp = self.chunk_span(&mut lg, &chunk, dirty);
-        self.finish_take(&mut lg, sp, false, len, state, req, false)
+        self.finish_take(&mut lg, Fit::tail(sp), len, state, req, false)
     }
 
     /// Best fit for `len` bytes from this pool's free spans, out of the set.
-    /// Returns the span and whether to cut the block off its head (else its tail).
-    fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<(&'static Span, bool)> {
+    fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<Fit> {
         if let Some(i) = lg.quick.iter().rposition(|sp| sp.len() == len) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             let sp = lg.quick.remove(i).expect("index in range");
             lg.quick_bytes -= len;
             // State FREE for `finish_take`, which cuts nothing off an exact fit.
             sp.state.store(SPAN_FREE, Ordering::Release);
-            return Some((sp, false));
+            return Some(Fit::tail(sp));
         }
         let sp = match lg.free.range((len, 0)..).next() {
             Some((_, &sp)) => sp,
@@ -416,43 +437,41 @@ impl Pool {
             }
         };
         // A lazily committed pool prefers memory that needs no commit.
-        let (sp, head) = if self.lazy() {
+        let fit = if self.lazy() {
             self.committed_fit(lg, len, sp)
         } else {
-            (sp, false)
+            Fit::tail(sp)
         };
         self.stats.hits.fetch_add(1, Ordering::Relaxed);
-        self.unlist_free(lg, sp);
-        if sp.is_whole_chunk() {
+        self.unlist_free(lg, fit.span);
+        if fit.span.is_whole_chunk() {
             // This stream may reuse its own idle chunk at once: its event is moot.
-            lg.take_event(sp.start());
+            lg.take_event(fit.span.start());
         }
-        Some((sp, head))
+        Some(fit)
     }
 
     /// Cut `len` bytes from free span `sp` (out of the set) and give them state `state`,
     /// committing their pages in a lazily committed pool. `hit`: the span was counted as a
     /// cache hit (a commit makes it a miss). On failure the span is free again.
-    #[allow(clippy::too_many_arguments)]
     fn finish_take(
         &'static self,
         lg: &mut Large,
-        sp: &'static Span,
-        head: bool,
+        fit: Fit,
         len: usize,
         state: u8,
         req: usize,
         hit: bool,
     ) -> Result<&'static Span> {
-        let taken = if head {
-            self.split_head(lg, sp, len)
+        let taken = if fit.head {
+            self.split_head(lg, fit.span, len)
         } else {
-            self.split_tail(lg, sp, len)
+            self.split_tail(lg, fit.span, len)
         };
         if self.lazy() {
             // A purge that commits may run meanwhile: it must not merge this span.
             taken.state.store(SPAN_TAKING, Ordering::Release);
-            match self.commit_span(lg, taken.start(), len) {
+            match self.commit_span(lg, taken.start(), len, fit.need) {
                 Ok(called) => {
                     if called && hit {
                         self.stats.hits.fetch_sub(1, Ordering::Relaxed);
