@@ -1,9 +1,11 @@
 //! The pool: a caching sub-allocator over one backing (RMM's pool adaptor over a resource).
 //!
-//! - Chunks come from the backing (large, granule-aligned) and are cut into *spans* (granule
-//!   multiples) by best fit, with splitting and coalescing. Free spans sit in an ordered map
-//!   keyed by (length, address), so finding the best fit costs O(log n) in the number of free
-//!   spans, never a scan (`span`).
+//! - Chunks come from the backing (large, granule-aligned; `chunk`) and are cut into *spans*
+//!   (granule multiples) by best fit, with splitting and coalescing. Free spans sit in an
+//!   ordered map keyed by (length, address), so finding the best fit costs O(log n) in the
+//!   number of free spans, never a scan (`span`).
+//! - Over a lazily committed backing (virtual memory), chunks are address space and a span's
+//!   pages are committed when it is handed out and purged when no block needs them (`commit`).
 //! - Small requests (up to [`SMALL_MAX`]) are served from *slabs*: spans cut into equal slots
 //!   of one size class (`class`). Each slab keeps its own free slots and a class keeps the list
 //!   of slabs with free slots, so a slab whose last slot comes back is found at once and goes
@@ -31,6 +33,7 @@ use crate::stats::PoolStats;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+mod chunk;
 mod class;
 mod commit;
 mod slab;

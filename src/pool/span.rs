@@ -1,5 +1,5 @@
 //! Spans: granule-aligned ranges of chunks, handed out by best fit with splitting and
-//! coalescing, the exact-size list, and the chunks' way back to the backing.
+//! coalescing, and the exact-size list. How chunks come and go is in `chunk`.
 //!
 //! Every change of a span's state happens under the pool's large lock: a span becomes a slab
 //! (`SPAN_SLAB`) inside `take_span`, and a released slab becomes a free span inside
@@ -32,16 +32,16 @@ const QUICK_MAX_BYTES: usize = 256 << 20;
 /// Descriptor of a span: a granule-aligned range inside one chunk.
 pub struct Span {
     pub(super) pool: &'static Pool,
-    start: AtomicUsize,
-    len: AtomicUsize,
+    pub(super) start: AtomicUsize,
+    pub(super) len: AtomicUsize,
     pub(super) state: AtomicU8,
     /// Requested bytes while used.
     pub(super) req: AtomicUsize,
-    chunk_base: AtomicUsize,
-    chunk_len: AtomicUsize,
+    pub(super) chunk_base: AtomicUsize,
+    pub(super) chunk_len: AtomicUsize,
     /// Whether the span may hold non-zero bytes (false only for never-used backing memory
     /// that reads as zero).
-    dirty: AtomicBool,
+    pub(super) dirty: AtomicBool,
     /// Lazily committed pools: the epoch the span was last freed in (see `commit`).
     pub(super) free_epoch: AtomicU64,
 }
@@ -64,11 +64,11 @@ impl Span {
         true
     }
 
-    fn key(&self) -> (usize, usize) {
+    pub(super) fn key(&self) -> (usize, usize) {
         (self.len(), self.start())
     }
 
-    fn is_whole_chunk(&self) -> bool {
+    pub(super) fn is_whole_chunk(&self) -> bool {
         self.start() == self.chunk_base.load(Ordering::Relaxed)
             && self.len() == self.chunk_len.load(Ordering::Relaxed)
     }
@@ -117,22 +117,22 @@ impl Fit {
 pub(crate) struct Large {
     /// Free spans by (length, start).
     pub(super) free: BTreeMap<(usize, usize), &'static Span>,
-    free_bytes: usize,
+    pub(super) free_bytes: usize,
     /// The wholly free chunks among `free` (what can go back to the backing).
-    idle: BTreeMap<(usize, usize), &'static Span>,
-    idle_bytes: usize,
+    pub(super) idle: BTreeMap<(usize, usize), &'static Span>,
+    pub(super) idle_bytes: usize,
     /// Chunks of this pool by base.
-    chunks: BTreeMap<usize, Chunk>,
-    spare: Vec<&'static Span>,
+    pub(super) chunks: BTreeMap<usize, Chunk>,
+    pub(super) spare: Vec<&'static Span>,
     /// Stream-ordered pools only: for each wholly free chunk (by base), the event recorded on
     /// the pool's stream when it fell idle. Another stream may use the chunk once it waits
     /// for the event; this stream may use it at once.
-    events: Vec<(usize, cuda::Event)>,
+    pub(super) events: Vec<(usize, cuda::Event)>,
     /// The exact-size list (oldest first): spans in state CACHED.
     pub(super) quick: VecDeque<&'static Span>,
-    quick_bytes: usize,
+    pub(super) quick_bytes: usize,
     /// Pools with a decay: when each wholly free chunk (by base) fell idle.
-    idle_since: BTreeMap<usize, Instant>,
+    pub(super) idle_since: BTreeMap<usize, Instant>,
     /// Lazily committed pools: what is committed and what may be purged.
     pub(super) lazy: Lazy,
 }
@@ -181,7 +181,7 @@ impl Large {
         self.free_bytes + self.quick_bytes
     }
 
-    fn take_event(&mut self, base: usize) -> Option<cuda::Event> {
+    pub(super) fn take_event(&mut self, base: usize) -> Option<cuda::Event> {
         let i = self.events.iter().position(|e| e.0 == base)?;
         Some(self.events.swap_remove(i).1)
     }
@@ -255,7 +255,7 @@ impl Pool {
     }
 
     /// Move a span from the exact-size list into the free set (merging it).
-    fn uncache(&'static self, lg: &mut Large, sp: &'static Span) {
+    pub(super) fn uncache(&'static self, lg: &mut Large, sp: &'static Span) {
         lg.quick_bytes -= sp.len();
         sp.state.store(SPAN_FREE, Ordering::Release);
         self.insert_free(lg, sp);
@@ -268,61 +268,6 @@ impl Pool {
             self.uncache(lg, sp);
         }
         any
-    }
-
-    /// Keep the free memory the pool holds (free spans, the exact-size list, kept slabs)
-    /// within `retain`: wholly free chunks go back first, largest first; then the oldest
-    /// exact-size spans are merged into the free set (which may make more chunks wholly free).
-    /// What remains above `retain` is free space inside chunks that still hold live blocks.
-    /// With a decay (pinned memory, costly to make), a wholly free chunk goes back only once
-    /// it has been idle that long; until then the pool stays above `retain` and `decay_due`
-    /// says when to look again.
-    fn enforce_retain(&'static self, lg: &mut Large) {
-        let budget = self
-            .retain
-            .saturating_sub(self.kept_slabs.load(Ordering::Relaxed));
-        let decay = self.decay();
-        let mut now = None;
-        while lg.free_bytes + lg.quick_bytes > budget {
-            let expired = match decay {
-                None => lg.idle.values().next_back().copied(),
-                Some(d) => {
-                    let t = *now.get_or_insert_with(Instant::now);
-                    lg.idle
-                        .values()
-                        .rev()
-                        .find(|sp| {
-                            lg.idle_since
-                                .get(&sp.start())
-                                .is_none_or(|&since| t.duration_since(since) >= d)
-                        })
-                        .copied()
-                }
-            };
-            if let Some(sp) = expired {
-                self.release_chunk(lg, sp);
-            } else if decay.is_some() && !lg.idle.is_empty() {
-                // Idle chunks wait out their decay; look again once the oldest is due.
-                let oldest = lg.idle_since.values().min().copied();
-                if let (Some(o), Some(d)) = (oldest, decay) {
-                    self.set_decay_due(o + d);
-                }
-                return;
-            } else if let Some(old) = lg.quick.pop_front() {
-                self.uncache(lg, old);
-            } else {
-                break;
-            }
-        }
-        self.clear_decay_due();
-    }
-
-    /// With a decay: if idle chunks are due to go back, give them back now.
-    pub(super) fn decay_if_due(&'static self) {
-        if self.decay_is_due() {
-            let mut lg = lock(&self.large);
-            self.enforce_retain(&mut lg);
-        }
     }
 
     /// A released slab's span (state SLAB) becomes a free span again.
@@ -353,7 +298,12 @@ impl Pool {
         self.take_span_for(len, state, 0)
     }
 
-    fn take_span_for(&'static self, len: usize, state: u8, req: usize) -> Result<&'static Span> {
+    pub(super) fn take_span_for(
+        &'static self,
+        len: usize,
+        state: u8,
+        req: usize,
+    ) -> Result<&'static Span> {
         self.decay_if_due();
         let chunk_len = self.backing.chunk_len(len);
         let mut retried = false;
@@ -374,7 +324,7 @@ impl Pool {
 
     /// One try of [`take_span_for`](Self::take_span_for): a fit, another stream's idle chunk,
     /// or a new chunk.
-    fn try_take(
+    pub(super) fn try_take(
         &'static self,
         len: usize,
         chunk_len: usize,
@@ -417,7 +367,7 @@ impl Pool {
     }
 
     /// Best fit for `len` bytes from this pool's free spans, out of the set.
-    fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<Fit> {
+    pub(super) fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<Fit> {
         if let Some(i) = lg.quick.iter().rposition(|sp| sp.len() == len) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             let sp = lg.quick.remove(i).expect("index in range");
@@ -454,7 +404,7 @@ impl Pool {
     /// Cut `len` bytes from free span `sp` (out of the set) and give them state `state`,
     /// committing their pages in a lazily committed pool. `hit`: the span was counted as a
     /// cache hit (a commit makes it a miss). On failure the span is free again.
-    fn finish_take(
+    pub(super) fn finish_take(
         &'static self,
         lg: &mut Large,
         fit: Fit,
@@ -509,63 +459,7 @@ impl Pool {
         Ok(taken)
     }
 
-    /// Map a chunk of `want` bytes (or, when the limit or the backing refuses that, of `need`
-    /// bytes), honouring the limit, with the registry's range reserved for it.
-    fn map_chunk(&'static self, lg: &mut Large, want: usize, need: usize) -> Result<Chunk> {
-        let mut last = None;
-        for size in [want, need] {
-            if last.is_some() && size == want {
-                continue;
-            }
-            let limit = self.limit();
-            // A lazily committed chunk is address space: its pages count when committed.
-            let charge = if self.lazy() { 0 } else { size };
-            if charge > 0 && !self.stats.reserve_mapped(charge, limit.map(|l| l.0)) {
-                let mapped = self.stats.mapped.load(Ordering::Relaxed);
-                let (bytes, source) = limit.unwrap_or((0, "the limit"));
-                last = Some(Error::limit(format!(
-                    "{source} of {bytes} bytes reached ({mapped} mapped, {need} more needed)"
-                )));
-                continue;
-            }
-            let chunk = match self.backing.map(size) {
-                Ok(c) => c,
-                Err(e) if e.status == crate::error::Status::UMP_ERR_UNSUPPORTED => {
-                    self.stats.on_unmap(charge);
-                    return Err(e);
-                }
-                Err(e) => {
-                    self.stats.on_unmap(charge);
-                    last = Some(Error::oom(format!(
-                        "cannot get {size} bytes of {} memory: {}",
-                        self.kind().name(),
-                        e.msg
-                    )));
-                    continue;
-                }
-            };
-            if !registry::reserve(chunk.base, chunk.size) {
-                // SAFETY: just mapped, never handed out or registered.
-                unsafe { self.backing.unmap(&chunk) };
-                self.stats.on_unmap(charge);
-                return Err(Error::oom(format!(
-                    "no memory for the registry entries of a {size}-byte chunk at {:#x}",
-                    chunk.base
-                )));
-            }
-            self.stats.on_reserve(chunk.raw_size);
-            lg.chunks.insert(chunk.base, chunk);
-            return Ok(chunk);
-        }
-        Err(last.unwrap_or_else(|| Error::oom("out of memory")))
-    }
-
-    /// A free span covering all of `chunk` (just mapped or adopted).
-    fn chunk_span(&'static self, lg: &mut Large, chunk: &Chunk, dirty: bool) -> &'static Span {
-        self.new_span(lg, chunk.base, chunk.size, (chunk.base, chunk.size), dirty)
-    }
-
-    fn new_span(
+    pub(super) fn new_span(
         &'static self,
         lg: &mut Large,
         start: usize,
@@ -602,7 +496,12 @@ impl Pool {
     /// Cut `len` bytes off the end of free span `sp` (already out of the free set) and return
     /// the span for them; the front stays free. Only the granules of the cut part are
     /// re-registered, so the cost follows the size handed out.
-    fn split_tail(&'static self, lg: &mut Large, sp: &'static Span, len: usize) -> &'static Span {
+    pub(super) fn split_tail(
+        &'static self,
+        lg: &mut Large,
+        sp: &'static Span,
+        len: usize,
+    ) -> &'static Span {
         let flen = sp.len();
         if flen == len {
             return sp;
@@ -626,7 +525,12 @@ impl Pool {
 
     /// Cut `len` bytes off the front of free span `sp` (already out of the free set) and
     /// return the span for them; the rest stays free (and is queued for purging again).
-    fn split_head(&'static self, lg: &mut Large, sp: &'static Span, len: usize) -> &'static Span {
+    pub(super) fn split_head(
+        &'static self,
+        lg: &mut Large,
+        sp: &'static Span,
+        len: usize,
+    ) -> &'static Span {
         let flen = sp.len();
         if flen == len {
             return sp;
@@ -651,7 +555,7 @@ impl Pool {
     /// Put free span `sp` into the free set, merging it with free neighbours in its chunk. A
     /// chunk that becomes wholly free is idle: stamped with an event (stream-ordered pools),
     /// or handed to the group (a retired stream's pool).
-    fn insert_free(&'static self, lg: &mut Large, sp: &'static Span) {
+    pub(super) fn insert_free(&'static self, lg: &mut Large, sp: &'static Span) {
         let cbase = sp.chunk_base.load(Ordering::Relaxed);
         let cend = cbase + sp.chunk_len.load(Ordering::Relaxed);
         let mut cur = sp;
@@ -702,24 +606,8 @@ impl Pool {
         }
     }
 
-    /// Record, on this pool's stream, the event after which chunk `base` (now wholly free)
-    /// may serve another stream. When the stream cannot take an event (a destroyed stream
-    /// handle), wait for the device instead, so the chunk needs none.
-    fn stamp_idle(&self, lg: &mut Large, base: usize) {
-        lg.take_event(base);
-        match cuda::Event::record(self.stream(), self.device) {
-            Ok(ev) => lg.events.push((base, ev)),
-            Err(_) => {
-                if let Some(g) = self.group {
-                    g.count_sync();
-                }
-                let _ = cuda::device_synchronize(self.device);
-            }
-        }
-    }
-
     /// Take free span `sp` out of the free set (and the idle set).
-    fn unlist_free(&self, lg: &mut Large, sp: &Span) {
+    pub(super) fn unlist_free(&self, lg: &mut Large, sp: &Span) {
         let key = sp.key();
         if lg.free.remove(&key).is_some() {
             lg.free_bytes -= key.0;
@@ -732,7 +620,7 @@ impl Pool {
 
     /// `a` takes over its right neighbour `b` (out of the free set); `b`'s descriptor is
     /// recycled.
-    fn absorb_into(&'static self, lg: &mut Large, a: &'static Span, b: &'static Span) {
+    pub(super) fn absorb_into(&'static self, lg: &mut Large, a: &'static Span, b: &'static Span) {
         let blen = b.len();
         registry::set_range(b.start(), blen, a as *const Span as usize | TAG_SPAN);
         a.len.fetch_add(blen, Ordering::AcqRel);
@@ -742,149 +630,5 @@ impl Pool {
             .fetch_max(b.free_epoch.load(Ordering::Relaxed), Ordering::Relaxed);
         b.len.store(0, Ordering::Release);
         lg.spare.push(b);
-    }
-
-    /// Take wholly free chunk `sp` out of the pool (free set, registry, chunk list) without
-    /// giving it back. Its descriptor is recycled; its event stays in `events` for the caller.
-    fn detach_chunk(&'static self, lg: &mut Large, sp: &'static Span) -> Chunk {
-        let start = sp.start();
-        let len = sp.len();
-        self.unlist_free(lg, sp);
-        registry::set_range(start, len, 0);
-        sp.len.store(0, Ordering::Release);
-        lg.spare.push(sp);
-        let chunk = lg.chunks.remove(&start).unwrap_or(Chunk {
-            base: start,
-            size: len,
-            raw: start,
-            raw_size: len,
-            advised: false,
-        });
-        if self.lazy() {
-            lg.lazy.committed -= self.backing.physical(&chunk);
-        }
-        chunk
-    }
-
-    /// Take in a wholly free chunk of another pool of the same backing (its pages, committed
-    /// or not, come with it).
-    fn attach_chunk(&'static self, lg: &mut Large, chunk: Chunk) {
-        if self.lazy() {
-            lg.lazy.committed += self.backing.physical(&chunk);
-        }
-        lg.chunks.insert(chunk.base, chunk);
-    }
-
-    /// Give wholly free chunk `sp` back to the backing, after the work queued on this pool's
-    /// stream that may still touch it. Returns its bytes.
-    fn release_chunk(&'static self, lg: &mut Large, sp: &'static Span) -> usize {
-        let start = sp.start();
-        let chunk = self.detach_chunk(lg, sp);
-        if let Some(ev) = lg.take_event(start) {
-            if ev.wait().is_err() {
-                let _ = cuda::device_synchronize(self.device);
-            }
-        } else if self.is_retired()
-            && let Some(ev) = lock(&self.retire_event).as_ref()
-            && ev.wait().is_err()
-        {
-            let _ = cuda::device_synchronize(self.device);
-        }
-        let phys = self.backing.physical(&chunk);
-        // SAFETY: the chunk is wholly free, no longer registered, and no queued work of its
-        // stream uses it.
-        unsafe { self.backing.unmap(&chunk) };
-        self.stats.on_unmap(phys);
-        self.stats.on_unreserve(chunk.raw_size);
-        self.unmapped.fetch_add(phys, Ordering::Relaxed);
-        phys
-    }
-
-    /// Give wholly free chunks back to the backing, largest first, until at most `keep` bytes
-    /// of them remain. Returns the bytes given back.
-    pub(super) fn release_free_chunks(&'static self, lg: &mut Large, keep: usize) -> usize {
-        let mut released = 0;
-        while lg.idle_bytes > keep {
-            let Some(&sp) = lg.idle.values().next_back() else {
-                break;
-            };
-            released += self.release_chunk(lg, sp);
-        }
-        released
-    }
-
-    /// Hand a wholly free chunk of at least `min` bytes (the smallest such) to another pool of
-    /// the same device, with the event that orders it after this pool's stream.
-    pub(crate) fn take_idle_chunk(
-        &'static self,
-        min: usize,
-    ) -> Option<(Chunk, Option<cuda::Event>)> {
-        let mut lg = lock(&self.large);
-        if lg.idle.range((min, 0)..).next().is_none() {
-            self.flush_quick(&mut lg);
-        }
-        let (_, &sp) = lg.idle.range((min, 0)..).next()?;
-        let start = sp.start();
-        let chunk = self.detach_chunk(&mut lg, sp);
-        let ev = lg.take_event(start);
-        Some((chunk, ev))
-    }
-
-    /// Retire this pool's stream (about to be destroyed): record the event that covers all
-    /// its work, never touch the handle again, and hand every idle chunk to the group (so do
-    /// the chunks that fall idle later). The pool may be recycled once it holds no chunk.
-    pub(crate) fn retire(&'static self) {
-        let fence = if self.ordered() {
-            match cuda::Event::record(self.stream(), self.device) {
-                Ok(ev) => Some(Arc::new(ev)),
-                Err(_) => {
-                    let _ = cuda::device_synchronize(self.device);
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        *lock(&self.retire_event) = fence;
-        self.key.fetch_or(1, Ordering::AcqRel);
-        self.drain_hot();
-        self.release_empty_slabs();
-        let mut lg = lock(&self.large);
-        // The retire event covers the events recorded on the stream earlier.
-        lg.events.clear();
-        self.flush_quick(&mut lg);
-        if let Some(g) = self.group {
-            while let Some(&sp) = lg.idle.values().next() {
-                let chunk = self.detach_chunk(&mut lg, sp);
-                g.adopt(chunk, lock(&self.retire_event).clone());
-            }
-        }
-    }
-
-    /// Bytes of physical memory this pool holds now.
-    pub(crate) fn mapped_bytes(&'static self) -> usize {
-        self.mapped_of(&lock(&self.large))
-    }
-
-    /// Bytes of physical memory in `lg`'s chunks: what is committed in a lazily committed
-    /// pool, the chunks otherwise.
-    pub(super) fn mapped_of(&self, lg: &Large) -> usize {
-        if self.lazy() {
-            lg.lazy.committed
-        } else {
-            lg.chunk_bytes()
-        }
-    }
-
-    /// Serve `stream` from now on, if this pool is retired and holds no memory. Returns
-    /// whether it does.
-    pub(crate) fn recycle(&'static self, stream: usize) -> bool {
-        let lg = lock(&self.large);
-        if !self.is_retired() || !lg.chunks.is_empty() {
-            return false;
-        }
-        *lock(&self.retire_event) = None;
-        self.key.store(stream << 1, Ordering::Release);
-        true
     }
 }

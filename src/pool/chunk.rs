@@ -1,0 +1,292 @@
+//! Chunks: what a pool maps from its backing and gives back. A chunk is mapped when no free
+//! span fits a request (`map_chunk`), handed whole to another stream's pool when it falls idle
+//! (`take_idle_chunk`, `attach_chunk`), handed to the device's orphans when its stream is
+//! retired (`retire`), and given back to the backing (`release_chunk`) under the pool's
+//! `retain` and decay (`enforce_retain`), on `trim`, or to make room under a limit.
+
+use super::span::{Large, Span};
+use super::*;
+use std::time::Instant;
+
+impl Pool {
+    /// Keep the free memory the pool holds (free spans, the exact-size list, kept slabs)
+    /// within `retain`: wholly free chunks go back first, largest first; then the oldest
+    /// exact-size spans are merged into the free set (which may make more chunks wholly free).
+    /// What remains above `retain` is free space inside chunks that still hold live blocks.
+    /// With a decay (pinned memory, costly to make), a wholly free chunk goes back only once
+    /// it has been idle that long; until then the pool stays above `retain` and `decay_due`
+    /// says when to look again.
+    pub(super) fn enforce_retain(&'static self, lg: &mut Large) {
+        let budget = self
+            .retain
+            .saturating_sub(self.kept_slabs.load(Ordering::Relaxed));
+        let decay = self.decay();
+        let mut now = None;
+        while lg.free_bytes + lg.quick_bytes > budget {
+            let expired = match decay {
+                None => lg.idle.values().next_back().copied(),
+                Some(d) => {
+                    let t = *now.get_or_insert_with(Instant::now);
+                    lg.idle
+                        .values()
+                        .rev()
+                        .find(|sp| {
+                            lg.idle_since
+                                .get(&sp.start())
+                                .is_none_or(|&since| t.duration_since(since) >= d)
+                        })
+                        .copied()
+                }
+            };
+            if let Some(sp) = expired {
+                self.release_chunk(lg, sp);
+            } else if decay.is_some() && !lg.idle.is_empty() {
+                // Idle chunks wait out their decay; look again once the oldest is due.
+                let oldest = lg.idle_since.values().min().copied();
+                if let (Some(o), Some(d)) = (oldest, decay) {
+                    self.set_decay_due(o + d);
+                }
+                return;
+            } else if let Some(old) = lg.quick.pop_front() {
+                self.uncache(lg, old);
+            } else {
+                break;
+            }
+        }
+        self.clear_decay_due();
+    }
+
+    /// With a decay: if idle chunks are due to go back, give them back now.
+    pub(super) fn decay_if_due(&'static self) {
+        if self.decay_is_due() {
+            let mut lg = lock(&self.large);
+            self.enforce_retain(&mut lg);
+        }
+    }
+
+    /// Map a chunk of `want` bytes (or, when the limit or the backing refuses that, of `need`
+    /// bytes), honouring the limit, with the registry's range reserved for it.
+    pub(super) fn map_chunk(
+        &'static self,
+        lg: &mut Large,
+        want: usize,
+        need: usize,
+    ) -> Result<Chunk> {
+        let mut last = None;
+        for size in [want, need] {
+            if last.is_some() && size == want {
+                continue;
+            }
+            let limit = self.limit();
+            // A lazily committed chunk is address space: its pages count when committed.
+            let charge = if self.lazy() { 0 } else { size };
+            if charge > 0 && !self.stats.reserve_mapped(charge, limit.map(|l| l.0)) {
+                let mapped = self.stats.mapped.load(Ordering::Relaxed);
+                let (bytes, source) = limit.unwrap_or((0, "the limit"));
+                last = Some(Error::limit(format!(
+                    "{source} of {bytes} bytes reached ({mapped} mapped, {need} more needed)"
+                )));
+                continue;
+            }
+            let chunk = match self.backing.map(size) {
+                Ok(c) => c,
+                Err(e) if e.status == crate::error::Status::UMP_ERR_UNSUPPORTED => {
+                    self.stats.on_unmap(charge);
+                    return Err(e);
+                }
+                Err(e) => {
+                    self.stats.on_unmap(charge);
+                    last = Some(Error::oom(format!(
+                        "cannot get {size} bytes of {} memory: {}",
+                        self.kind().name(),
+                        e.msg
+                    )));
+                    continue;
+                }
+            };
+            if !registry::reserve(chunk.base, chunk.size) {
+                // SAFETY: just mapped, never handed out or registered.
+                unsafe { self.backing.unmap(&chunk) };
+                self.stats.on_unmap(charge);
+                return Err(Error::oom(format!(
+                    "no memory for the registry entries of a {size}-byte chunk at {:#x}",
+                    chunk.base
+                )));
+            }
+            self.stats.on_reserve(chunk.raw_size);
+            lg.chunks.insert(chunk.base, chunk);
+            return Ok(chunk);
+        }
+        Err(last.unwrap_or_else(|| Error::oom("out of memory")))
+    }
+
+    /// A free span covering all of `chunk` (just mapped or adopted).
+    pub(super) fn chunk_span(
+        &'static self,
+        lg: &mut Large,
+        chunk: &Chunk,
+        dirty: bool,
+    ) -> &'static Span {
+        self.new_span(lg, chunk.base, chunk.size, (chunk.base, chunk.size), dirty)
+    }
+
+    /// Record, on this pool's stream, the event after which chunk `base` (now wholly free)
+    /// may serve another stream. When the stream cannot take an event (a destroyed stream
+    /// handle), wait for the device instead, so the chunk needs none.
+    pub(super) fn stamp_idle(&self, lg: &mut Large, base: usize) {
+        lg.take_event(base);
+        match cuda::Event::record(self.stream(), self.device) {
+            Ok(ev) => lg.events.push((base, ev)),
+            Err(_) => {
+                if let Some(g) = self.group {
+                    g.count_sync();
+                }
+                let _ = cuda::device_synchronize(self.device);
+            }
+        }
+    }
+
+    /// Take wholly free chunk `sp` out of the pool (free set, registry, chunk list) without
+    /// giving it back. Its descriptor is recycled; its event stays in `events` for the caller.
+    pub(super) fn detach_chunk(&'static self, lg: &mut Large, sp: &'static Span) -> Chunk {
+        let start = sp.start();
+        let len = sp.len();
+        self.unlist_free(lg, sp);
+        registry::set_range(start, len, 0);
+        sp.len.store(0, Ordering::Release);
+        lg.spare.push(sp);
+        let chunk = lg.chunks.remove(&start).unwrap_or(Chunk {
+            base: start,
+            size: len,
+            raw: start,
+            raw_size: len,
+            advised: false,
+        });
+        if self.lazy() {
+            lg.lazy.committed -= self.backing.physical(&chunk);
+        }
+        chunk
+    }
+
+    /// Take in a wholly free chunk of another pool of the same backing (its pages, committed
+    /// or not, come with it).
+    pub(super) fn attach_chunk(&'static self, lg: &mut Large, chunk: Chunk) {
+        if self.lazy() {
+            lg.lazy.committed += self.backing.physical(&chunk);
+        }
+        lg.chunks.insert(chunk.base, chunk);
+    }
+
+    /// Give wholly free chunk `sp` back to the backing, after the work queued on this pool's
+    /// stream that may still touch it. Returns its bytes.
+    pub(super) fn release_chunk(&'static self, lg: &mut Large, sp: &'static Span) -> usize {
+        let start = sp.start();
+        let chunk = self.detach_chunk(lg, sp);
+        if let Some(ev) = lg.take_event(start) {
+            if ev.wait().is_err() {
+                let _ = cuda::device_synchronize(self.device);
+            }
+        } else if self.is_retired()
+            && let Some(ev) = lock(&self.retire_event).as_ref()
+            && ev.wait().is_err()
+        {
+            let _ = cuda::device_synchronize(self.device);
+        }
+        let phys = self.backing.physical(&chunk);
+        // SAFETY: the chunk is wholly free, no longer registered, and no queued work of its
+        // stream uses it.
+        unsafe { self.backing.unmap(&chunk) };
+        self.stats.on_unmap(phys);
+        self.stats.on_unreserve(chunk.raw_size);
+        self.unmapped.fetch_add(phys, Ordering::Relaxed);
+        phys
+    }
+
+    /// Give wholly free chunks back to the backing, largest first, until at most `keep` bytes
+    /// of them remain. Returns the bytes given back.
+    pub(super) fn release_free_chunks(&'static self, lg: &mut Large, keep: usize) -> usize {
+        let mut released = 0;
+        while lg.idle_bytes > keep {
+            let Some(&sp) = lg.idle.values().next_back() else {
+                break;
+            };
+            released += self.release_chunk(lg, sp);
+        }
+        released
+    }
+
+    /// Hand a wholly free chunk of at least `min` bytes (the smallest such) to another pool of
+    /// the same device, with the event that orders it after this pool's stream.
+    pub(crate) fn take_idle_chunk(
+        &'static self,
+        min: usize,
+    ) -> Option<(Chunk, Option<cuda::Event>)> {
+        let mut lg = lock(&self.large);
+        if lg.idle.range((min, 0)..).next().is_none() {
+            self.flush_quick(&mut lg);
+        }
+        let (_, &sp) = lg.idle.range((min, 0)..).next()?;
+        let start = sp.start();
+        let chunk = self.detach_chunk(&mut lg, sp);
+        let ev = lg.take_event(start);
+        Some((chunk, ev))
+    }
+
+    /// Retire this pool's stream (about to be destroyed): record the event that covers all
+    /// its work, never touch the handle again, and hand every idle chunk to the group (so do
+    /// the chunks that fall idle later). The pool may be recycled once it holds no chunk.
+    pub(crate) fn retire(&'static self) {
+        let fence = if self.ordered() {
+            match cuda::Event::record(self.stream(), self.device) {
+                Ok(ev) => Some(Arc::new(ev)),
+                Err(_) => {
+                    let _ = cuda::device_synchronize(self.device);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        *lock(&self.retire_event) = fence;
+        self.key.fetch_or(1, Ordering::AcqRel);
+        self.drain_hot();
+        self.release_empty_slabs();
+        let mut lg = lock(&self.large);
+        // The retire event covers the events recorded on the stream earlier.
+        lg.events.clear();
+        self.flush_quick(&mut lg);
+        if let Some(g) = self.group {
+            while let Some(&sp) = lg.idle.values().next() {
+                let chunk = self.detach_chunk(&mut lg, sp);
+                g.adopt(chunk, lock(&self.retire_event).clone());
+            }
+        }
+    }
+
+    /// Bytes of physical memory this pool holds now.
+    pub(crate) fn mapped_bytes(&'static self) -> usize {
+        self.mapped_of(&lock(&self.large))
+    }
+
+    /// Bytes of physical memory in `lg`'s chunks: what is committed in a lazily committed
+    /// pool, the chunks otherwise.
+    pub(super) fn mapped_of(&self, lg: &Large) -> usize {
+        if self.lazy() {
+            lg.lazy.committed
+        } else {
+            lg.chunk_bytes()
+        }
+    }
+
+    /// Serve `stream` from now on, if this pool is retired and holds no memory. Returns
+    /// whether it does.
+    pub(crate) fn recycle(&'static self, stream: usize) -> bool {
+        let lg = lock(&self.large);
+        if !self.is_retired() || !lg.chunks.is_empty() {
+            return false;
+        }
+        *lock(&self.retire_event) = None;
+        self.key.store(stream << 1, Ordering::Release);
+        true
+    }
+}
