@@ -1511,7 +1511,7 @@ def vmm_device_pool():
 
 
 def vmm_purge_waits_for_queued_work():
-    """A block freed while a queued kernel still reads it (behind a 300 ms spin on its stream)
+    """A block freed while a queued kernel still reads it (behind a 1 s spin on its stream)
     keeps its pages until that kernel is done, although committing a larger block right after
     the free asks for room; once the stream is done, the next commit purges them. If the pages
     went early, the kernel would fault (illegal address) or read garbage into z."""
@@ -1525,9 +1525,11 @@ def vmm_purge_waits_for_queued_work():
     with s:
         x = cp.random.standard_normal(64 * mib, dtype=cp.float32)  # 256 MiB
         z = cp.full(x.size, np.nan, dtype=cp.float32)
+        cp.multiply(x[:8], 2, out=z[:8])  # compiled now, not behind the spin
+        _spin(s, 1)
         s.synchronize()
         hx = cp.asnumpy(x)
-        _spin(s, 300)
+        _spin(s, 1000)
         cp.multiply(x, 2, out=z)  # queued behind the spin: reads x
         del x  # freed on s while the kernel that reads it waits
         before = _dev_stats()
