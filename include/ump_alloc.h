@@ -33,7 +33,8 @@
 #define UMP_SCOPE_REPORT_VERSION 1
 
 // Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields; 3: address space
-// reserved and the largest free block, per device and for the host side).
+// reserved and the largest free block, per device and for the host side, and the host side's
+// reallocs with and without a copy).
 #define UMP_STATS_VERSION 3
 
 // The pair of sides in force, as a C value: a preset, or `UMP_MODE_CUSTOM`.
@@ -264,6 +265,12 @@ struct ump_stats {
   // The host side: bytes of address space its pools hold, and the largest free block.
   uint64_t host_reserved;
   uint64_t host_largest_free;
+  // The host side's `ump_realloc`s: done without a copy (the block stayed, grew over free
+  // memory or with its chunk, or moved with its pages), and those that copied, with the
+  // bytes they copied.
+  uint64_t host_reallocs_in_place;
+  uint64_t host_reallocs_copied;
+  uint64_t host_realloc_copied_bytes;
 };
 
 // One pool of ump-alloc, as `ump_pool_stat` reports it. Versioned like `ump_stats`.

@@ -1577,3 +1577,37 @@ def vmm_idle_pages_go_back():
     assert st["mapped"] <= st["in_use"] + 96 * mib, st
     print(f"mapped {peak // mib} MiB at the big phase, {st['mapped'] // mib} MiB after 2 s of small blocks "
           f"(in use {st['in_use'] // mib} MiB), no trim")
+
+
+def numpy_realloc_in_place():
+    """ndarray.resize of a large NumPy array on the host side (pinned: the chunk grows into its
+    reserved room and is registered again; plain host memory: mremap) copies nothing, and
+    every byte of the grown array is reachable by the GPU: a kernel reads the whole array in
+    place and a DMA copy (cupy.asarray) moves all of it, spanning old and new pages. A copy
+    across two separate registrations fails (measured: CUDA_ERROR_INVALID_VALUE), so a grown
+    chunk registered in two pieces would fail here."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    a = rng.standard_normal(8 << 20).astype(np.float32)  # 32 MiB: a chunk of its own
+    before = ump_alloc.stats()["realloc"]
+    n = a.size
+    for step in range(1, 6):
+        m = n + (n >> 1) + step * 12345
+        a.resize(m, refcheck=False)
+        a[n:] = rng.standard_normal(m - n).astype(np.float32)
+        n = m
+        ident = ump_alloc.identify(a)
+        assert ident.ours and ident.device_accessible, ident
+        total = float(cp.sum(_cupy_view(a), dtype=cp.float64).get())  # a kernel reads it in place
+        assert abs(total - float(a.sum(dtype=np.float64))) <= 1e-6 * float(np.abs(a).sum()) + 1e-3
+        g = cp.full(a.size, np.nan, dtype=cp.float32)
+        g.set(a)  # one DMA copy of the whole array
+        assert np.array_equal(cp.asnumpy(g), a)
+    after = ump_alloc.stats()["realloc"]
+    assert after["copied_bytes"] == before["copied_bytes"], (before, after)
+    assert after["in_place"] >= before["in_place"] + 5, (before, after)
+    print(f"{ump_alloc.identify(a).kind}: grew to {a.nbytes >> 20} MiB in 5 steps with no copy: {after}")

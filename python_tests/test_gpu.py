@@ -275,3 +275,8 @@ def test_vmm_purge_waits_for_queued_work():
 
 def test_vmm_idle_pages_go_back():
     check("vmm_idle_pages_go_back", "device")
+
+
+@pytest.mark.parametrize("mode", ["pinned", "registered"])
+def test_numpy_realloc_in_place(mode):
+    check("numpy_realloc_in_place", mode)

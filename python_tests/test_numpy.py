@@ -92,6 +92,39 @@ def test_resize_and_realloc_keep_contents(ump):
     assert_ours(it, ump)
 
 
+def test_growing_large_arrays_copies_nothing(ump):
+    """ndarray.resize (realloc) of a large array grows and shrinks it in place, or moves its
+    pages, never copying a byte: ump_alloc.stats()["realloc"] says so and the contents survive
+    (checked at random places, so that no large temporary takes the room the array grows
+    into). The first step, out of a small block, copies: the counter must see that one."""
+    rng = np.random.default_rng(12)
+    a = rng.integers(0, 2**62, size=1 << 10)  # 8 KiB: a slab block
+    head = a.copy()
+    before = ump.stats()["realloc"]
+    a.resize(16 << 20, refcheck=False)  # 128 MiB: the slab block cannot grow, so it copies
+    mid = ump.stats()["realloc"]
+    assert mid["copied"] == before["copied"] + 1, (before, mid)
+    assert mid["copied_bytes"] - before["copied_bytes"] == head.nbytes, (before, mid)
+    assert np.array_equal(a[: head.size], head)
+    parts = [(0, head.size, None), (head.size, a.size, 1)]  # (start, end, value or None: head)
+    a[head.size :] = 1
+    for step, n in enumerate([24 << 20, 40 << 20, 33 << 20, 64 << 20, 20 << 20, 48 << 20], start=2):
+        old = a.size
+        a.resize(n, refcheck=False)
+        parts = [(lo, min(hi, n), v) for lo, hi, v in parts if lo < n]  # a shrink cuts them
+        if n > old:
+            a[old:] = step  # fills in place: no temporary
+            parts.append((old, n, step))
+        assert_ours(a, ump)
+        for lo, hi, v in parts:
+            idx = rng.integers(lo, hi, size=200)
+            want = head[idx] if v is None else np.full(idx.size, v)
+            assert np.array_equal(a[idx], want), (n, lo, hi)
+    after = ump.stats()["realloc"]
+    assert after["copied_bytes"] == mid["copied_bytes"], (mid, after)
+    assert after["in_place"] >= mid["in_place"] + 6, (mid, after)
+
+
 def test_concatenate_stack_and_views(ump):
     parts = [np.random.default_rng(i).random(10_000 + i) for i in range(20)]
     c = np.concatenate(parts)

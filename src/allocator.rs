@@ -379,6 +379,9 @@ pub fn collect_stats() -> ump_stats {
         device_largest_free: [0; STATS_DEVICES],
         host_reserved: 0,
         host_largest_free: 0,
+        host_reallocs_in_place: 0,
+        host_reallocs_copied: 0,
+        host_realloc_copied_bytes: 0,
     };
     let Some(a) = get() else {
         return s;
@@ -399,6 +402,9 @@ pub fn collect_stats() -> ump_stats {
         s.host_reserved += r.reserved as u64;
         s.host_largest_free = s.host_largest_free.max(r.largest_free as u64);
     }
+    s.host_reallocs_in_place = c(&host.stats.reallocs_in_place);
+    s.host_reallocs_copied = c(&host.stats.reallocs_copied);
+    s.host_realloc_copied_bytes = c(&host.stats.realloc_copied_bytes);
     s.host_kind = host.kind();
     s.kinds[host.kind() as usize].add(&s.host);
     s.total.add(&s.host);
@@ -519,18 +525,28 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
             "{ptr:#x} is device memory; the host cannot reallocate it"
         )));
     }
-    if info.pool.resize_in_place(&info, n) {
-        return Ok(ptr);
+    let stats = info.pool.stats;
+    if let Some(at) = info.pool.resize_in_place(&info, n) {
+        if at != ptr {
+            crate::scope::on_move(ptr, at, n);
+        }
+        stats.reallocs_in_place.fetch_add(1, Ordering::Relaxed);
+        return Ok(at);
     }
     let new = if info.pool.is_stream_ordered() {
         info.pool.alloc(n)?.ptr
     } else {
         instance()?.host.alloc(n)?.ptr
     };
+    let kept = info.size.min(n);
     // SAFETY: both blocks are host-accessible, distinct, and at least this long.
-    unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, new as *mut u8, info.size.min(n)) };
+    unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, new as *mut u8, kept) };
     crate::scope::on_move(ptr, new, n);
     info.pool.free(ptr)?;
+    stats.reallocs_copied.fetch_add(1, Ordering::Relaxed);
+    stats
+        .realloc_copied_bytes
+        .fetch_add(kept as u64, Ordering::Relaxed);
     Ok(new)
 }
 

@@ -26,6 +26,11 @@ pub struct PoolStats {
     pub hits: AtomicU64,
     /// Allocations that had to call the backing.
     pub misses: AtomicU64,
+    /// `realloc`s done without a copy (the block stayed, grew over free memory or with its
+    /// chunk, or moved with its pages), and those that copied, with the bytes copied.
+    pub reallocs_in_place: AtomicU64,
+    pub reallocs_copied: AtomicU64,
+    pub realloc_copied_bytes: AtomicU64,
     /// Byte counters are added here too (the device-side total of a kind).
     parent: Option<&'static PoolStats>,
 }
@@ -42,6 +47,9 @@ macro_rules! zero_stats {
             frees: AtomicU64::new(0),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            reallocs_in_place: AtomicU64::new(0),
+            reallocs_copied: AtomicU64::new(0),
+            realloc_copied_bytes: AtomicU64::new(0),
             parent: None,
         }
     };
@@ -264,7 +272,8 @@ mod tests {
 }
 
 /// Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields; 3: address space
-/// reserved and the largest free block, per device and for the host side).
+/// reserved and the largest free block, per device and for the host side, and the host side's
+/// reallocs with and without a copy).
 pub const UMP_STATS_VERSION: u32 = 3;
 /// Most devices `ump_stats` reports on (`UMP_MAX_DEVICES`; the struct spells out 16 so that
 /// the header does too).
@@ -335,6 +344,12 @@ pub struct ump_stats {
     /// The host side: bytes of address space its pools hold, and the largest free block.
     pub host_reserved: u64,
     pub host_largest_free: u64,
+    /// The host side's `ump_realloc`s: done without a copy (the block stayed, grew over free
+    /// memory or with its chunk, or moved with its pages), and those that copied, with the
+    /// bytes they copied.
+    pub host_reallocs_in_place: u64,
+    pub host_reallocs_copied: u64,
+    pub host_realloc_copied_bytes: u64,
 }
 
 const _: () = assert!(STATS_KINDS == Kind::UMP_KIND_FOREIGN_HOST as usize + 1);

@@ -601,6 +601,9 @@ def stats() -> dict:
     larger; elsewhere the two are equal but for rounding), ``largest_free`` (the largest block
     served without mapping more) and ``fragmentation`` (``1 - largest_free / cached``: 0 when
     the cache is one free block, near 1 when it is scattered in pieces too small to use).
+    ``realloc`` counts NumPy's reallocations (``ndarray.resize``, ``np.fromiter``...): done
+    ``in_place`` with no copy (the block stayed, grew over free memory or with its chunk, or
+    moved with its pages), or ``copied``, with the ``copied_bytes``.
     """
     s = _lib.Stats()
     s.size = _ctypes.sizeof(_lib.Stats)
@@ -620,6 +623,11 @@ def stats() -> dict:
         "mode": _lib.MODE_NAMES.get(s.mode, "unset"),
         "total": s.total.as_dict(),
         "host": _with_layout(s.host.as_dict(), s.host_reserved, s.host_largest_free),
+        "realloc": {
+            "in_place": int(s.host_reallocs_in_place),
+            "copied": int(s.host_reallocs_copied),
+            "copied_bytes": int(s.host_realloc_copied_bytes),
+        },
         "host_kind": _lib.KIND_NAMES.get(s.host_kind, "unknown"),
         "device_kind": _lib.KIND_NAMES.get(s.device_kind, "unknown"),
         "kinds": kinds,

@@ -180,6 +180,9 @@ class Stats(Structure):
         ("device_largest_free", c_uint64 * MAX_DEVICES),
         ("host_reserved", c_uint64),
         ("host_largest_free", c_uint64),
+        ("host_reallocs_in_place", c_uint64),
+        ("host_reallocs_copied", c_uint64),
+        ("host_realloc_copied_bytes", c_uint64),
     ]
 
 

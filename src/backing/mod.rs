@@ -102,13 +102,29 @@ pub trait Backing: Send + Sync {
     // ---- growth in place (realloc) --------------------------------------------------------
 
     /// Grow `chunk` to `size` bytes keeping its contents, without copying: in place, or by
-    /// moving its pages to a new address (`mremap`). Returns the chunk as it is now (`base`
-    /// may differ), or None when the backing cannot (the chunk is then unchanged).
+    /// moving its pages to a new address (`mremap`). `ready(base, size)` is called with the
+    /// range the chunk is about to occupy before anything changes (the pool reserves registry
+    /// entries there); when it returns false nothing changes. Returns the chunk as it is now
+    /// (`base` may differ), or None when the backing cannot (the chunk is then unchanged).
     ///
     /// # Safety
     /// `chunk` came from `map` on this backing and holds one live block, which nothing
     /// touches during the call; when the base moves, its old addresses are gone.
-    unsafe fn grow(&self, _chunk: &Chunk, _size: usize) -> Option<Chunk> {
+    unsafe fn grow(
+        &self,
+        _chunk: &Chunk,
+        _size: usize,
+        _ready: &mut dyn FnMut(usize, usize) -> bool,
+    ) -> Option<Chunk> {
+        None
+    }
+
+    /// Shrink `chunk` to `size` bytes in place, giving the rest back. Returns the chunk as it
+    /// is now, or None when the backing keeps it whole.
+    ///
+    /// # Safety
+    /// `chunk` came from `map` on this backing and nothing uses its bytes past `size`.
+    unsafe fn shrink(&self, _chunk: &Chunk, _size: usize) -> Option<Chunk> {
         None
     }
 
@@ -209,6 +225,57 @@ impl Backing for HostBacking {
         if size >= HUGEPAGE_MIN {
             os::advise_hugepage(ptr as *mut u8, size);
         }
+    }
+    unsafe fn shrink(&self, chunk: &Chunk, size: usize) -> Option<Chunk> {
+        if chunk.raw != chunk.base || chunk.raw_size != chunk.size || size >= chunk.size {
+            return None;
+        }
+        let tail = NonNull::new((chunk.base + size) as *mut u8)?;
+        // SAFETY: the end of a whole mapping of ours, unused (the caller's contract).
+        unsafe { os::unmap(tail, chunk.size - size) };
+        Some(Chunk {
+            size,
+            raw_size: size,
+            ..*chunk
+        })
+    }
+    /// In place when the address space after the chunk is free, else the pages move to a new
+    /// range (glibc's realloc does the same for its large blocks): never a copy.
+    unsafe fn grow(
+        &self,
+        chunk: &Chunk,
+        size: usize,
+        ready: &mut dyn FnMut(usize, usize) -> bool,
+    ) -> Option<Chunk> {
+        if chunk.raw != chunk.base || chunk.raw_size != chunk.size || size <= chunk.size {
+            return None;
+        }
+        let old = NonNull::new(chunk.base as *mut u8)?;
+        let grown = |base: usize| {
+            self.advise_block(base, size);
+            Chunk {
+                base,
+                size,
+                raw: base,
+                raw_size: size,
+                advised: size >= HUGEPAGE_MIN,
+            }
+        };
+        // SAFETY: the chunk is a whole mapping of ours (map_aligned); forwarded contract.
+        if ready(chunk.base, size) && unsafe { os::remap_in_place(old, chunk.size, size) } {
+            return Some(grown(chunk.base));
+        }
+        let dest = os::reserve(size, GRANULE)?;
+        // SAFETY: `dest` is a reservation of ours; on success the old range is gone, which
+        // the caller's contract allows.
+        if ready(dest.as_ptr() as usize, size)
+            && unsafe { os::remap_into(old, chunk.size, size, dest) }
+        {
+            return Some(grown(dest.as_ptr() as usize));
+        }
+        // SAFETY: the reservation made above, unused.
+        unsafe { os::unmap(dest, size) };
+        None
     }
 }
 
@@ -374,7 +441,20 @@ impl Backing for RegisteredBacking {
                 cap >> 20
             )));
         }
-        let Some(p) = os::map_aligned(size, GRANULE) else {
+        // A chunk of its own (a large block) sits at the start of a reservation with room to
+        // grow in place (realloc): the room is address space only, neither memory nor pinned.
+        let raw_size = if size >= crate::pool::ARENA / 2 {
+            size.saturating_mul(GROW_ROOM)
+        } else {
+            size
+        };
+        let Some(p) = os::reserve(raw_size, GRANULE).filter(|p| {
+            os::commit(p.as_ptr(), size) || {
+                // SAFETY: the reservation just made, unused.
+                unsafe { os::unmap(*p, raw_size) };
+                false
+            }
+        }) else {
             PINNED.fetch_sub(size, Ordering::Relaxed);
             return Err(Error::oom(format!(
                 "the OS refused a mapping of {size} bytes"
@@ -389,14 +469,14 @@ impl Backing for RegisteredBacking {
         if let Err(e) = unsafe { cuda::register(base, size, self.device) } {
             PINNED.fetch_sub(size, Ordering::Relaxed);
             // SAFETY: never handed out.
-            unsafe { os::unmap(p, size) };
+            unsafe { os::unmap(p, raw_size) };
             return Err(e);
         }
         Ok(Chunk {
             base,
             size,
             raw: base,
-            raw_size: size,
+            raw_size,
             advised: false,
         })
     }
@@ -409,12 +489,71 @@ impl Backing for RegisteredBacking {
             // SAFETY: forwarded from the caller's contract.
             unsafe { os::unmap(p, chunk.raw_size) };
         }
-        PINNED.fetch_sub(chunk.raw_size, Ordering::Relaxed);
+        PINNED.fetch_sub(chunk.size, Ordering::Relaxed);
     }
     fn fresh_is_zero(&self) -> bool {
         true
     }
+    /// Into the chunk's room (see `map`): the new pages are made usable and the whole range is
+    /// registered again (a copy may not span two registrations: the driver refuses it with
+    /// CUDA_ERROR_INVALID_VALUE, measured on the lent H100). Never moves.
+    unsafe fn grow(
+        &self,
+        chunk: &Chunk,
+        size: usize,
+        ready: &mut dyn FnMut(usize, usize) -> bool,
+    ) -> Option<Chunk> {
+        let room = chunk.raw + chunk.raw_size;
+        if chunk.raw != chunk.base || size <= chunk.size || chunk.base + size > room {
+            return None;
+        }
+        if !cuda::available() {
+            return None;
+        }
+        let delta = size - chunk.size;
+        let cap = PINNED_CAP.load(Ordering::Relaxed);
+        PINNED
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                p.checked_add(delta).filter(|&t| t <= cap)
+            })
+            .ok()?;
+        let ext = (chunk.base + chunk.size) as *mut u8;
+        let undo = || {
+            // SAFETY: the extension was made here and is used by nothing.
+            unsafe { os::decommit(ext, delta) };
+            PINNED.fetch_sub(delta, Ordering::Relaxed);
+        };
+        if !ready(chunk.base, size) || !os::commit(ext, delta) {
+            PINNED.fetch_sub(delta, Ordering::Relaxed);
+            return None;
+        }
+        if size >= HUGEPAGE_MIN {
+            os::advise_hugepage(chunk.base as *mut u8, size);
+        }
+        // SAFETY: the chunk was registered by `map` (or an earlier grow) at its base, and its
+        // one live block is not used by the device during a realloc (the caller's contract).
+        if unsafe { cuda::unregister(chunk.base, self.device) }.is_err() {
+            undo();
+            return None;
+        }
+        // SAFETY: `[base, base+size)` is mapped and ours.
+        if unsafe { cuda::register(chunk.base, size, self.device) }.is_err() {
+            // SAFETY: as above, the range it had before.
+            let _ = unsafe { cuda::register(chunk.base, chunk.size, self.device) };
+            undo();
+            return None;
+        }
+        Some(Chunk {
+            size,
+            advised: size >= HUGEPAGE_MIN,
+            ..*chunk
+        })
+    }
 }
+
+/// Address space reserved for a pinned chunk of its own, in multiples of its size: realloc
+/// grows the block in place up to this (VA only: neither memory nor pinned).
+const GROW_ROOM: usize = 8;
 
 /// Plain device memory (mode `device`, GPU side): the "UMP off" baseline.
 pub struct DeviceBacking {

@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 mod chunk;
 mod class;
 mod commit;
+mod grow;
 mod slab;
 mod span;
 mod tcache;
@@ -482,27 +483,24 @@ impl Pool {
         }
     }
 
-    /// Resize in place when the block's capacity already fits `n` in the same class (small)
-    /// or the same span length (large). Returns true when done.
-    pub fn resize_in_place(&'static self, info: &BlockInfo, n: usize) -> bool {
-        if n > info.capacity {
-            return false;
-        }
-        let done = match entry_at(info.base) {
-            Some(Entry::Slab(s)) if n <= SMALL_MAX && self.table.class_of(n) == s.class => {
-                s.resize(info.base, n)
+    /// Resize without copying: a small block whose class still fits `n`, a large block whose
+    /// span shrinks or grows (see `grow`). Returns where the block is now (a large block on
+    /// plain host memory may move with its pages, no byte copied), or None when resizing needs
+    /// a copy (nothing changed then).
+    pub fn resize_in_place(&'static self, info: &BlockInfo, n: usize) -> Option<usize> {
+        match entry_at(info.base)? {
+            Entry::Slab(s) => {
+                let fits =
+                    n <= info.capacity && n <= SMALL_MAX && self.table.class_of(n) == s.class;
+                if fits && s.resize(info.base, n) {
+                    self.stats.on_resize(info.size, n);
+                    return Some(info.base);
+                }
+                None
             }
-            Some(Entry::Span(sp))
-                if n > SMALL_MAX && n.next_multiple_of(GRANULE) == info.capacity =>
-            {
-                sp.resize(info.base, n)
-            }
-            _ => false,
-        };
-        if done {
-            self.stats.on_resize(info.size, n);
+            Entry::Span(sp) if n > SMALL_MAX => self.resize_large(sp, info.base, n),
+            Entry::Span(_) => None,
         }
-        done
     }
 
     /// What this pool holds now (read under its locks, one at a time: a snapshot per field).

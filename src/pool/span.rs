@@ -17,7 +17,7 @@ pub(super) const SPAN_FREE: u8 = 0;
 pub(super) const SPAN_USED: u8 = 1;
 pub(super) const SPAN_SLAB: u8 = 2;
 /// Freed, kept whole in the exact-size list (not in the free set, never merged).
-const SPAN_CACHED: u8 = 3;
+pub(super) const SPAN_CACHED: u8 = 3;
 /// Being handed out while its pages are committed (neither free nor a live block yet).
 const SPAN_TAKING: u8 = 4;
 
@@ -53,15 +53,6 @@ impl Span {
 
     pub(super) fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
-    }
-
-    /// Record a new requested size for the live block that starts at `base`.
-    pub(super) fn resize(&self, base: usize, n: usize) -> bool {
-        if self.state.load(Ordering::Acquire) != SPAN_USED || self.start() != base {
-            return false;
-        }
-        self.req.store(n, Ordering::Relaxed);
-        true
     }
 
     pub(super) fn key(&self) -> (usize, usize) {

@@ -114,23 +114,27 @@ pub unsafe fn decommit(ptr: *mut u8, size: usize) {
     };
 }
 
-/// Grow the mapping `[ptr, ptr+old)` to `new` bytes: in place when the address space after
-/// it is free, else by moving its pages to a fresh range aligned to `align`
-/// (`mremap(MREMAP_MAYMOVE | MREMAP_FIXED)`: page tables move, no byte is copied). Returns the
-/// address it ends at, or None when the OS refuses (the old mapping is then unchanged).
+/// Grow the mapping `[ptr, ptr+old)` to `new` bytes at the same address, if the address space
+/// after it is free (`mremap` without moving). Returns whether it grew; if not, nothing changed.
 ///
 /// # Safety
-/// `[ptr, ptr+old)` is a whole private anonymous mapping of ours; when the address returned
-/// differs from `ptr`, the old range is gone and must not be used.
-pub unsafe fn remap(ptr: NonNull<u8>, old: usize, new: usize, align: usize) -> Option<NonNull<u8>> {
+/// `[ptr, ptr+old)` is a whole private anonymous mapping of ours.
+pub unsafe fn remap_in_place(ptr: NonNull<u8>, old: usize, new: usize) -> bool {
     // SAFETY: forwarded from the caller; without MREMAP_MAYMOVE the mapping stays put or
     // nothing changes.
-    let p = unsafe { libc::mremap(ptr.as_ptr().cast(), old, new, 0) };
-    if p != libc::MAP_FAILED {
-        return Some(ptr);
-    }
-    let dest = reserve(new, align)?;
-    // SAFETY: `dest` is a reservation of ours, which the move replaces as a whole.
+    unsafe { libc::mremap(ptr.as_ptr().cast(), old, new, 0) != libc::MAP_FAILED }
+}
+
+/// Move the pages of the mapping `[ptr, ptr+old)` into `dest` (a reservation of `new` bytes
+/// from [`reserve`], which the move replaces), growing it to `new` bytes: page tables move, no
+/// byte is copied (`mremap(MREMAP_MAYMOVE | MREMAP_FIXED)`). Returns whether it moved; if not,
+/// nothing changed and `dest` is still the caller's.
+///
+/// # Safety
+/// `[ptr, ptr+old)` is a whole private anonymous mapping of ours; after a move its old range is
+/// gone and must not be used.
+pub unsafe fn remap_into(ptr: NonNull<u8>, old: usize, new: usize, dest: NonNull<u8>) -> bool {
+    // SAFETY: forwarded from the caller; `dest` is a reservation of ours.
     let p = unsafe {
         libc::mremap(
             ptr.as_ptr().cast(),
@@ -140,12 +144,7 @@ pub unsafe fn remap(ptr: NonNull<u8>, old: usize, new: usize, align: usize) -> O
             dest.as_ptr(),
         )
     };
-    if p == libc::MAP_FAILED {
-        // SAFETY: the reservation made above, unused.
-        unsafe { libc::munmap(dest.as_ptr().cast(), new) };
-        return None;
-    }
-    Some(dest)
+    p != libc::MAP_FAILED
 }
 
 /// Ask for transparent huge pages on a range, as NumPy's default allocator does for blocks of
