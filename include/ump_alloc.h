@@ -262,6 +262,9 @@ struct ump_stats {
   // Per device: the largest free block any of its pools serves without mapping more.
   // With `devices[i].cached`, it measures fragmentation (1 - largest free / cached).
   uint64_t device_largest_free[16];
+  // Per device, managed memory: bytes discarded so far (freed blocks the host had read,
+  // and reused ones discarded-and-prefetched to the device; `UMP_ALLOC_MANAGED_DISCARD`).
+  uint64_t device_discarded[16];
   // The host side: bytes of address space its pools hold, and the largest free block.
   uint64_t host_reserved;
   uint64_t host_largest_free;

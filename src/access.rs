@@ -61,10 +61,16 @@ fn prefetch_min() -> usize {
     allocator::env_config().map_or(crate::config::DEFAULT_PREFETCH_MIN, |c| c.prefetch_min)
 }
 
+/// Managed ranges from this size migrate to the host in the background (`migrate`); smaller
+/// ones are prefetched before `host_access` returns.
+const BACKGROUND_MIN: usize = 8 << 20;
+
 /// Make `[ptr, ptr+size)` safe for the host to read and write: wait for the work queued on
-/// `stream` (0: the legacy default stream); for large managed ranges, prefetch them to the
-/// host in the same stream order first (fault-driven host reads run at a fraction of the
-/// prefetch bandwidth).
+/// `stream` (0: the legacy default stream). Managed ranges from `UMP_ALLOC_PREFETCH_MIN` are
+/// moved to the host (fault-driven host reads run at a fraction of the prefetch bandwidth):
+/// from [`BACKGROUND_MIN`] on, after the wait, in the background while the caller reads (pages
+/// not moved yet fault in); below it, by a prefetch in `stream`'s order before the wait. Our
+/// blocks are then known to be away from their device (see `pool::mark_away`).
 pub fn host_access(ptr: usize, size: usize, stream: usize) -> Result<()> {
     if ptr == 0 && size > 0 {
         return Err(Error::new(
@@ -90,10 +96,18 @@ pub fn host_access(ptr: usize, size: usize, stream: usize) -> Result<()> {
         return Ok(());
     }
     let dev = if r.device >= 0 { r.device } else { 0 };
-    if r.managed && size >= prefetch_min() {
-        // Advice: if the driver lacks prefetch, faults still migrate the pages.
-        cuda::prefetch(ptr, size, -1, stream, dev)?;
+    if !r.managed || size < prefetch_min() {
+        return cuda::stream_synchronize(stream, dev);
     }
+    pool::mark_away(ptr, size);
+    if size >= BACKGROUND_MIN {
+        cuda::stream_synchronize(stream, dev)?;
+        if crate::migrate::start(dev, ptr, size) {
+            return Ok(());
+        }
+    }
+    // Advice: if the driver lacks prefetch, faults still migrate the pages.
+    cuda::prefetch(ptr, size, -1, stream, dev)?;
     cuda::stream_synchronize(stream, dev)
 }
 
@@ -129,6 +143,8 @@ pub fn device_access(ptr: usize, size: usize, device: i32, stream: usize) -> Res
         )));
     }
     if r.managed {
+        // A background migration to the host over the range would undo the prefetch.
+        crate::migrate::quiesce(ptr, ptr + size);
         cuda::prefetch(ptr, size, device, stream, device)?;
     }
     Ok(())

@@ -296,6 +296,13 @@ impl Allocator {
             cuda::available(),
             stats,
         );
+        if side == DeviceSide::Managed {
+            let memory = usize::try_from(device)
+                .ok()
+                .and_then(|i| self.caps.devices.get(i))
+                .map_or(0, |d| d.total_memory as usize);
+            g.set_managed_discard(self.config.managed_discard, memory);
+        }
         Ok(*slot.get_or_init(|| g))
     }
 
@@ -376,6 +383,7 @@ pub fn collect_stats() -> ump_stats {
         pinned: 0,
         pinned_cap: 0,
         device_reserved: [0; STATS_DEVICES],
+        device_discarded: [0; STATS_DEVICES],
         device_largest_free: [0; STATS_DEVICES],
         host_reserved: 0,
         host_largest_free: 0,
@@ -424,6 +432,7 @@ pub fn collect_stats() -> ump_stats {
         {
             s.devices[i] = u;
             s.device_count = s.device_count.max(i as u32 + 1);
+            s.device_discarded[i] = c(&g.stats.discarded);
             for r in g.reports() {
                 s.device_reserved[i] += r.reserved as u64;
                 s.device_largest_free[i] = s.device_largest_free[i].max(r.largest_free as u64);
@@ -713,6 +722,7 @@ pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
     }
     cuda::fork_lock_events(held);
     crate::scope::fork_lock(held);
+    crate::migrate::fork_lock(held);
 }
 
 /// Set errno to ENOMEM (the malloc family's way of saying why NULL came back).

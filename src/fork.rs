@@ -13,7 +13,8 @@
 //! 4. every pool's class locks, then every pool's large lock, then every pool's retire-event
 //!    lock (host pool first, then each device's pools);
 //! 5. each device's orphan list, each device's table of blocks recorded on other streams,
-//!    each device's virtual-memory space, the CUDA event cache, the scope table.
+//!    each device's virtual-memory space, the CUDA event cache, the scope table, the queue of
+//!    background migrations.
 //!
 //! In the child, the caches of threads that do not exist there go back to their pools.
 
@@ -59,6 +60,7 @@ fn child() {
     crate::prim::cuda::after_fork_child();
     HELD.with(|h| h.borrow_mut().take());
     crate::pool::tcache_fork_child();
+    crate::migrate::after_fork_child();
 }
 
 /// Register the fork handlers (at library load).

@@ -22,6 +22,7 @@ pub mod error;
 pub mod ffi;
 pub mod fork;
 pub mod host;
+pub mod migrate;
 pub mod mode;
 pub mod pool;
 pub mod prim;

@@ -29,6 +29,9 @@ pub struct PoolStats {
     /// `realloc`s done without a copy (the block stayed, grew over free memory or with its
     /// chunk, or moved with its pages), and those that copied, with the bytes copied.
     pub reallocs_in_place: AtomicU64,
+    /// Managed memory: bytes discarded (freed blocks, and reused ones discarded-and-prefetched
+    /// to the device), see `pool::residency`.
+    pub discarded: AtomicU64,
     pub reallocs_copied: AtomicU64,
     pub realloc_copied_bytes: AtomicU64,
     /// Byte counters are added here too (the device-side total of a kind).
@@ -48,6 +51,7 @@ macro_rules! zero_stats {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             reallocs_in_place: AtomicU64::new(0),
+            discarded: AtomicU64::new(0),
             reallocs_copied: AtomicU64::new(0),
             realloc_copied_bytes: AtomicU64::new(0),
             parent: None,
@@ -341,6 +345,9 @@ pub struct ump_stats {
     /// Per device: the largest free block any of its pools serves without mapping more.
     /// With `devices[i].cached`, it measures fragmentation (1 - largest free / cached).
     pub device_largest_free: [u64; 16],
+    /// Per device, managed memory: bytes discarded so far (freed blocks the host had read,
+    /// and reused ones discarded-and-prefetched to the device; `UMP_ALLOC_MANAGED_DISCARD`).
+    pub device_discarded: [u64; 16],
     /// The host side: bytes of address space its pools hold, and the largest free block.
     pub host_reserved: u64,
     pub host_largest_free: u64,

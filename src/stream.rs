@@ -43,7 +43,7 @@ use crate::pool::{Group, Pool, lock};
 use crate::prim::cuda;
 use crate::stats::PoolStats;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// `CU_STREAM_LEGACY`: the legacy default stream by its explicit handle (same as 0).
@@ -132,6 +132,10 @@ pub struct StreamPools {
     recorded: Mutex<Recorded>,
     /// Entries in `recorded.streams` plus `recorded.pending`: 0 keeps the hot paths lock-free.
     recorded_count: AtomicUsize,
+    /// Managed memory: discard freed blocks that may be away from the device (see
+    /// `pool::residency`), and the device's memory, past which it is oversubscribed (0: never).
+    discard: AtomicBool,
+    device_memory: AtomicUsize,
 }
 
 // SAFETY: `Node::next` is a raw pointer only to leaked, immutable nodes; everything else is
@@ -169,7 +173,16 @@ impl StreamPools {
             syncs: AtomicU64::new(0),
             recorded: Mutex::new(Recorded::default()),
             recorded_count: AtomicUsize::new(0),
+            discard: AtomicBool::new(false),
+            device_memory: AtomicUsize::new(0),
         }))
+    }
+
+    /// Managed memory (`UMP_ALLOC_MANAGED_DISCARD`): discard freed blocks whose pages may be
+    /// away from the device, which has `device_memory` bytes (see `pool::residency`).
+    pub fn set_managed_discard(&self, on: bool, device_memory: usize) {
+        self.device_memory.store(device_memory, Ordering::Relaxed);
+        self.discard.store(on, Ordering::Relaxed);
     }
 
     pub fn device(&self) -> i32 {
@@ -528,6 +541,15 @@ impl Group for StreamPools {
             (_, 0) => None,
             (_, r) => Some((r, "the device's memory fraction limit")),
         }
+    }
+
+    fn discard(&self) -> bool {
+        self.discard.load(Ordering::Relaxed)
+    }
+
+    fn oversubscribed(&self) -> bool {
+        let total = self.device_memory.load(Ordering::Relaxed);
+        total != 0 && self.stats.mapped.load(Ordering::Relaxed) > total
     }
 
     fn adopt(&self, chunk: Chunk, fence: Option<Arc<cuda::Event>>) {

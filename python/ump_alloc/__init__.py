@@ -601,7 +601,10 @@ def stats() -> dict:
     larger; elsewhere the two are equal but for rounding), ``largest_free`` (the largest block
     served without mapping more) and ``fragmentation`` (``1 - largest_free / cached``: 0 when
     the cache is one free block, near 1 when it is scattered in pieces too small to use).
-    ``realloc`` counts NumPy's reallocations (``ndarray.resize``, ``np.fromiter``...): done
+    Each device also has ``discarded``: bytes of managed memory discarded so far (freed blocks
+    the host had read, so their dead pages never migrate again; reused ones
+    discarded-and-prefetched to the device; ``UMP_ALLOC_MANAGED_DISCARD``). ``realloc`` counts
+    NumPy's reallocations (``ndarray.resize``, ``np.fromiter``...): done
     ``in_place`` with no copy (the block stayed, grew over free memory or with its chunk, or
     moved with its pages), or ``copied``, with the ``copied_bytes``.
     """
@@ -614,7 +617,10 @@ def stats() -> dict:
         if s.kinds[k].mapped_peak or s.kinds[k].allocs
     }
     devices = {
-        i: _with_layout(s.devices[i].as_dict(), s.device_reserved[i], s.device_largest_free[i])
+        i: {
+            **_with_layout(s.devices[i].as_dict(), s.device_reserved[i], s.device_largest_free[i]),
+            "discarded": int(s.device_discarded[i]),
+        }
         for i in range(min(s.device_count, _lib.MAX_DEVICES))
         if s.devices[i].mapped_peak or s.devices[i].allocs
     }

@@ -178,6 +178,7 @@ class Stats(Structure):
         ("pinned_cap", c_uint64),
         ("device_reserved", c_uint64 * MAX_DEVICES),
         ("device_largest_free", c_uint64 * MAX_DEVICES),
+        ("device_discarded", c_uint64 * MAX_DEVICES),
         ("host_reserved", c_uint64),
         ("host_largest_free", c_uint64),
         ("host_reallocs_in_place", c_uint64),

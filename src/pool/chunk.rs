@@ -133,7 +133,9 @@ impl Pool {
     /// Record, on this pool's stream, the event after which chunk `base` (now wholly free)
     /// may serve another stream. When the stream cannot take an event (a destroyed stream
     /// handle), wait for the device instead, so the chunk needs none.
-    pub(super) fn stamp_idle(&self, lg: &mut Large, base: usize) {
+    pub(super) fn stamp_idle(&'static self, lg: &mut Large, base: usize) {
+        // Discards of the chunk's blocks go first: the event covers them.
+        self.flush_discards(lg);
         lg.take_event(base);
         match cuda::Event::record(self.stream(), self.device) {
             Ok(ev) => lg.events.push((base, ev)),
@@ -181,6 +183,7 @@ impl Pool {
     /// stream that may still touch it. Returns its bytes.
     pub(super) fn release_chunk(&'static self, lg: &mut Large, sp: &'static Span) -> usize {
         let start = sp.start();
+        self.forget_discards(lg, start, start + sp.len());
         let chunk = self.detach_chunk(lg, sp);
         if let Some(ev) = lg.take_event(start) {
             if ev.wait().is_err() {
@@ -236,6 +239,8 @@ impl Pool {
     /// its work, never touch the handle again, and hand every idle chunk to the group (so do
     /// the chunks that fall idle later). The pool may be recycled once it holds no chunk.
     pub(crate) fn retire(&'static self) {
+        // The last use of the stream's handle besides the fence below.
+        self.flush_discards(&mut lock(&self.large));
         let fence = if self.ordered() {
             match cuda::Event::record(self.stream(), self.device) {
                 Ok(ev) => Some(Arc::new(ev)),

@@ -58,6 +58,8 @@ impl Pool {
         );
         sp.len.store(len, Ordering::Release);
         let tail = self.new_span(lg, sp.start() + len, old - len, chunk, true);
+        tail.away
+            .store(sp.away.load(Ordering::Relaxed), Ordering::Relaxed);
         if self.lazy() {
             lg.lazy.used -= old - len;
         }

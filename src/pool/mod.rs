@@ -37,11 +37,13 @@ mod chunk;
 mod class;
 mod commit;
 mod grow;
+mod residency;
 mod slab;
 mod span;
 mod tcache;
 
 pub use class::ClassTable;
+pub use residency::mark_away;
 
 use slab::{ClassState, Slab};
 use span::{Large, Span};
@@ -92,6 +94,16 @@ pub trait Group: Send + Sync {
     /// Take a wholly free chunk of a retired stream's pool, ordered by `fence` (the retire
     /// event), to lend to other streams or give back.
     fn adopt(&self, chunk: Chunk, fence: Option<Arc<cuda::Event>>);
+    /// Whether freed managed blocks that may be away from the device are discarded (see
+    /// `residency`).
+    fn discard(&self) -> bool {
+        false
+    }
+    /// Whether the device's managed memory is oversubscribed (more mapped than the device
+    /// has): the driver may have evicted any page.
+    fn oversubscribed(&self) -> bool {
+        false
+    }
 }
 
 /// Where a live block is, as the registry and descriptors say.
@@ -462,6 +474,7 @@ impl Pool {
         self.release_empty_slabs();
         let mut lg = lock(&self.large);
         self.flush_quick(&mut lg);
+        self.flush_discards(&mut lg);
         if self.lazy() {
             self.purge(&mut lg, commit::Purge::All);
         }

@@ -44,6 +44,8 @@ pub struct Span {
     pub(super) dirty: AtomicBool,
     /// Lazily committed pools: the epoch the span was last freed in (see `commit`).
     pub(super) free_epoch: AtomicU64,
+    /// Managed memory: its pages may be away from the pool's device (see `residency`).
+    pub(super) away: AtomicBool,
 }
 
 impl Span {
@@ -126,6 +128,9 @@ pub(crate) struct Large {
     pub(super) idle_since: BTreeMap<usize, Instant>,
     /// Lazily committed pools: what is committed and what may be purged.
     pub(super) lazy: Lazy,
+    /// Managed stream pools: freed blocks to discard, in one batch (see `residency`).
+    pub(super) discards: Vec<(usize, usize)>,
+    pub(super) discard_bytes: usize,
 }
 
 impl Large {
@@ -213,6 +218,7 @@ impl Pool {
             _ => return Err(Error::not_ours(format!("{ptr:#x} is not a live block"))),
         }
         let n = sp.req.load(Ordering::Relaxed);
+        self.discard_on_free(&mut lg, sp);
         if self.lazy() {
             lg.lazy.used -= len;
             sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
@@ -338,6 +344,8 @@ impl Pool {
                 let mut lg = lock(&self.large);
                 self.attach_chunk(&mut lg, chunk);
                 let sp = self.chunk_span(&mut lg, &chunk, true);
+                // Another stream's memory: its pages may be anywhere (see `residency`).
+                sp.away.store(true, Ordering::Relaxed);
                 return self.finish_take(&mut lg, Fit::tail(sp), len, state, req, true);
             }
             // A lazily committed chunk costs no memory until its pages are committed.
@@ -430,6 +438,7 @@ impl Pool {
             }
             self.on_span_used(lg, len);
         }
+        self.residency_on_take(lg, taken);
         taken.req.store(req, Ordering::Relaxed);
         if state == SPAN_SLAB {
             // Its slots will be written: once the slab goes back, the span is not clean.
@@ -469,6 +478,7 @@ impl Pool {
                 chunk_len: AtomicUsize::new(0),
                 dirty: AtomicBool::new(false),
                 free_epoch: AtomicU64::new(0),
+                away: AtomicBool::new(false),
             }))
         });
         sp.state.store(SPAN_FREE, Ordering::Release);
@@ -477,6 +487,7 @@ impl Pool {
         sp.chunk_base.store(chunk_base, Ordering::Relaxed);
         sp.chunk_len.store(chunk_len, Ordering::Relaxed);
         sp.dirty.store(dirty, Ordering::Relaxed);
+        sp.away.store(false, Ordering::Relaxed);
         // Whatever ran on the range before is covered by the epoch open now.
         sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
         // Inside a chunk whose range was reserved when it was mapped.
@@ -505,13 +516,17 @@ impl Pool {
         sp.len.store(flen - len, Ordering::Release);
         lg.free.insert((flen - len, start), sp);
         lg.free_bytes += flen - len;
-        self.new_span(
+        let taken = self.new_span(
             lg,
             start + flen - len,
             len,
             chunk,
             sp.dirty.load(Ordering::Relaxed),
-        )
+        );
+        taken
+            .away
+            .store(sp.away.load(Ordering::Relaxed), Ordering::Relaxed);
+        taken
     }
 
     /// Cut `len` bytes off the front of free span `sp` (already out of the free set) and
@@ -540,7 +555,11 @@ impl Pool {
         if self.lazy() {
             self.on_span_free(lg, sp);
         }
-        self.new_span(lg, start, len, chunk, sp.dirty.load(Ordering::Relaxed))
+        let taken = self.new_span(lg, start, len, chunk, sp.dirty.load(Ordering::Relaxed));
+        taken
+            .away
+            .store(sp.away.load(Ordering::Relaxed), Ordering::Relaxed);
+        taken
     }
 
     /// Put free span `sp` into the free set, merging it with free neighbours in its chunk. A
@@ -619,6 +638,8 @@ impl Pool {
         a.dirty.store(dirty, Ordering::Relaxed);
         a.free_epoch
             .fetch_max(b.free_epoch.load(Ordering::Relaxed), Ordering::Relaxed);
+        a.away
+            .fetch_or(b.away.load(Ordering::Relaxed), Ordering::Relaxed);
         b.len.store(0, Ordering::Release);
         lg.spare.push(b);
     }

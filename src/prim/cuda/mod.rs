@@ -107,6 +107,7 @@ driver_table! {
     cuEventDestroy_v2: fn(CUevent);
     cuPointerGetAttributes: fn(c_uint, *mut CUpointer_attribute, *mut *mut c_void, CUdeviceptr);
     cuGetErrorName: fn(CuResult, *mut *const c_char);
+    cuStreamCreate: fn(*mut CUstream, c_uint);
     ;
     optional:
     cuMemPrefetchAsync_v2: fn(CUdeviceptr, usize, CUmemLocation, c_uint, CUstream);
@@ -525,6 +526,22 @@ pub fn prefetch(
             "cuMemPrefetchAsync",
         )?;
         Ok(true)
+    })
+}
+
+/// A new non-blocking stream on `device` (for ump-alloc's own background work; never
+/// destroyed).
+pub fn stream_create(device: i32) -> Result<usize> {
+    const CU_STREAM_NON_BLOCKING: c_uint = 1;
+    with_device(device.max(0), |d| {
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the device's context is current.
+        check(
+            d,
+            unsafe { (d.cuStreamCreate)(&mut s, CU_STREAM_NON_BLOCKING) },
+            "cuStreamCreate",
+        )?;
+        Ok(s as usize)
     })
 }
 
