@@ -1611,3 +1611,47 @@ def numpy_realloc_in_place():
     assert after["copied_bytes"] == before["copied_bytes"], (before, after)
     assert after["in_place"] >= before["in_place"] + 5, (before, after)
     print(f"{ump_alloc.identify(a).kind}: grew to {a.nbytes >> 20} MiB in 5 steps with no copy: {after}")
+
+
+# ---- issue 12: managed-memory residency --------------------------------------------------------
+
+
+def managed_residency():
+    """Device side managed: asnumpy of a large GPU-written array returns at once while its pages
+    migrate in the background, and the host reads every element right; a block freed while
+    that migration may still run, then reused at once by a kernel that writes poisoned memory,
+    holds exactly what the kernel wrote. With UMP_ALLOC_MANAGED_DISCARD=1 (the default) the
+    freed blocks the host read are discarded and their reuse discarded-and-prefetched (the
+    counter grows); with 0 (the control) nothing is discarded and the data is just as right."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    on = os.environ.get("UMP_ALLOC_MANAGED_DISCARD", "1") == "1"
+    mib = 1 << 20
+    d0 = _dev_stats()["discarded"]
+    rng_seed = int.from_bytes(os.urandom(4), "little")
+    for it in range(12):
+        n = (64 + 32 * (it % 3)) * mib // 4
+        x = _rand_u32(cp, n, rng_seed + it)
+        ref = cp.asnumpy(x)  # a DMA copy: the expected values
+        h = ump_alloc.asnumpy(x)
+        assert isinstance(h.base, ump_alloc.ZeroCopyBuffer), "a view, not a copy"
+        if it % 2:
+            del h, x  # freed while the background migration may still run
+        else:
+            assert np.array_equal(h, ref), "the host read what the kernel wrote"
+            del h, x
+        y = cp.full(n, 0xDEADBEEF, dtype=cp.uint32)  # reuses the block: discard+prefetch
+        y[...] = _rand_u32(cp, n, rng_seed + 1000 + it)
+        want = cp.asnumpy(_rand_u32(cp, n, rng_seed + 1000 + it))
+        assert np.array_equal(cp.asnumpy(y), want), "the reused block holds what the kernel wrote"
+        del y
+    cp.cuda.Device().synchronize()
+    d1 = _dev_stats()["discarded"]
+    if on:
+        assert d1 - d0 >= 6 * 64 * mib, (d0, d1)
+    else:
+        assert d1 == d0, (d0, d1)
+    print(f"managed discard {'on' if on else 'off (control)'}: {(d1 - d0) >> 20} MiB discarded over 12 rounds")

@@ -280,3 +280,8 @@ def test_vmm_idle_pages_go_back():
 @pytest.mark.parametrize("mode", ["pinned", "registered"])
 def test_numpy_realloc_in_place(mode):
     check("numpy_realloc_in_place", mode)
+
+
+@pytest.mark.parametrize("discard", ["1", "0"])
+def test_managed_residency(discard):
+    check("managed_residency", "pinned", {"UMP_ALLOC_MANAGED_DISCARD": discard})

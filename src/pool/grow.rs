@@ -282,23 +282,23 @@ mod tests {
     #[test]
     fn a_block_grows_over_the_free_span_after_it() {
         let p = host_pool();
-        // Blocks are cut from the top of an arena down: `a` ends up above `b`.
+        // Host-side blocks are cut from the front of free memory: `b` follows `a`.
         let a = p.alloc(2 * MB).unwrap().ptr;
         let b = p.alloc(2 * MB).unwrap().ptr;
-        assert_eq!(b + 2 * MB, a);
-        fill(b, 2 * MB, 9);
-        assert_eq!(resize(p, b, 3 * MB), None, "a is live after b");
-        p.free(a).unwrap();
-        assert_eq!(resize(p, b, 3 * MB + 5), Some(b));
-        assert!(same(b, 2 * MB, 9));
-        let info = lookup(b + 3 * MB).unwrap();
-        assert_eq!((info.base, info.size), (b, 3 * MB + 5));
+        assert_eq!(a + 2 * MB, b);
+        fill(a, 2 * MB, 9);
+        assert_eq!(resize(p, a, 3 * MB), None, "b is live after a");
+        p.free(b).unwrap();
+        assert_eq!(resize(p, a, 3 * MB + 5), Some(a));
+        assert!(same(a, 2 * MB, 9));
+        let info = lookup(a + 3 * MB).unwrap();
+        assert_eq!((info.base, info.size), (a, 3 * MB + 5));
         assert_eq!(
-            resize(p, b, 100),
+            resize(p, a, 100),
             None,
             "a large block does not become small in place"
         );
-        p.free(b).unwrap();
+        p.free(a).unwrap();
         p.trim();
     }
 }

@@ -412,7 +412,10 @@ impl Pool {
         req: usize,
         hit: bool,
     ) -> Result<&'static Span> {
-        let taken = if fit.head {
+        // Host-side blocks are cut from the front of free memory, so that what stays free
+        // follows them: room for realloc to grow them in place (see `grow`).
+        let head = fit.head || (state == SPAN_USED && !self.is_stream_ordered() && !self.lazy());
+        let taken = if head {
             self.split_head(lg, fit.span, len)
         } else {
             self.split_tail(lg, fit.span, len)

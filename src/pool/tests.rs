@@ -189,7 +189,7 @@ fn exact_sizes_come_back_whole_and_merge_when_needed() {
     p.free(a).unwrap();
     p.free(b).unwrap();
     let c = p.alloc(3 << 20).unwrap().ptr;
-    assert_eq!(c, b, "a and b merged");
+    assert_eq!(c, a.min(b), "a and b merged");
     assert_eq!(mapped(p), m, "nothing new mapped");
     for x in [c, f1, f2, keep] {
         p.free(x).unwrap();
