@@ -1602,6 +1602,8 @@ def numpy_realloc_in_place():
         n = m
         ident = ump_alloc.identify(a)
         assert ident.ours and ident.device_accessible, ident
+        st = ump_alloc.stats()["realloc"]
+        assert st["copied_bytes"] == before["copied_bytes"], (step, st, ump_alloc.last_error())
         total = float(cp.sum(_cupy_view(a), dtype=cp.float64).get())  # a kernel reads it in place
         assert abs(total - float(a.sum(dtype=np.float64))) <= 1e-6 * float(np.abs(a).sum()) + 1e-3
         g = cp.full(a.size, np.nan, dtype=cp.float32)
@@ -1630,6 +1632,7 @@ def managed_residency():
     ump_alloc.enable(torch=False)
     on = os.environ.get("UMP_ALLOC_MANAGED_DISCARD", "1") == "1"
     mib = 1 << 20
+    cp.ones(1)  # the device's pools exist from here on
     d0 = _dev_stats()["discarded"]
     rng_seed = int.from_bytes(os.urandom(4), "little")
     for it in range(12):

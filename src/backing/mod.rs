@@ -523,7 +523,10 @@ impl Backing for RegisteredBacking {
             unsafe { os::decommit(ext, delta) };
             PINNED.fetch_sub(delta, Ordering::Relaxed);
         };
+        // Why realloc copies after all, for `ump_last_error()` (not an error: the caller copies).
+        let why = |what: &str| crate::error::set_last(&format!("realloc in place: {what}"));
         if !ready(chunk.base, size) || !os::commit(ext, delta) {
+            why("no memory for the registry entries or the pages of the growth");
             PINNED.fetch_sub(delta, Ordering::Relaxed);
             return None;
         }
@@ -532,12 +535,14 @@ impl Backing for RegisteredBacking {
         }
         // SAFETY: the chunk was registered by `map` (or an earlier grow) at its base, and its
         // one live block is not used by the device during a realloc (the caller's contract).
-        if unsafe { cuda::unregister(chunk.base, self.device) }.is_err() {
+        if let Err(e) = unsafe { cuda::unregister(chunk.base, self.device) } {
+            why(&e.msg);
             undo();
             return None;
         }
         // SAFETY: `[base, base+size)` is mapped and ours.
-        if unsafe { cuda::register(chunk.base, size, self.device) }.is_err() {
+        if let Err(e) = unsafe { cuda::register(chunk.base, size, self.device) } {
+            why(&e.msg);
             // SAFETY: as above, the range it had before.
             let _ = unsafe { cuda::register(chunk.base, chunk.size, self.device) };
             undo();

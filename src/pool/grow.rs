@@ -280,6 +280,21 @@ mod tests {
     }
 
     #[test]
+    fn a_size_past_the_largest_request_is_refused_and_changes_nothing() {
+        let p = host_pool();
+        let a = p.alloc(MB).unwrap().ptr;
+        let in_use = p.stats.in_use();
+        for n in [usize::MAX - 4096, usize::MAX, MAX_REQUEST + 1] {
+            assert_eq!(resize(p, a, n), None, "{n:#x}");
+        }
+        let info = lookup(a).unwrap();
+        assert_eq!((info.size, info.capacity), (MB, MB));
+        assert_eq!(p.stats.in_use(), in_use);
+        p.free(a).unwrap();
+        p.trim();
+    }
+
+    #[test]
     fn a_block_grows_over_the_free_span_after_it() {
         let p = host_pool();
         // Host-side blocks are cut from the front of free memory: `b` follows `a`.

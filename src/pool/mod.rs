@@ -501,6 +501,9 @@ impl Pool {
     /// plain host memory may move with its pages, no byte copied), or None when resizing needs
     /// a copy (nothing changed then).
     pub fn resize_in_place(&'static self, info: &BlockInfo, n: usize) -> Option<usize> {
+        if n > MAX_REQUEST {
+            return None; // refused by the allocation the caller falls back to
+        }
         match entry_at(info.base)? {
             Entry::Slab(s) => {
                 let fits =
