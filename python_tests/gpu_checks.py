@@ -1592,7 +1592,7 @@ def numpy_realloc_in_place():
 
     ump_alloc.enable(torch=False)
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
-    a = rng.standard_normal(8 << 20).astype(np.float32)  # 32 MiB: a chunk of its own
+    a = rng.standard_normal(16 << 20).astype(np.float32)  # 64 MiB: more than an arena, so a chunk of its own
     before = ump_alloc.stats()["realloc"]
     n = a.size
     for step in range(1, 6):
@@ -1651,6 +1651,8 @@ def managed_residency():
         want = cp.asnumpy(_rand_u32(cp, n, rng_seed + 1000 + it))
         assert np.array_equal(cp.asnumpy(y), want), "the reused block holds what the kernel wrote"
         del y
+        print(f"round {it}: {n * 4 >> 20} MiB, discarded so far {(_dev_stats()['discarded'] - d0) >> 20} MiB"
+              f" ({ump_alloc.last_error()})")
     cp.cuda.Device().synchronize()
     d1 = _dev_stats()["discarded"]
     if on:

@@ -77,10 +77,15 @@ impl Pool {
         // SAFETY: every range is free memory of this pool (a range handed out again was taken
         // out of the batch first), and the batch runs in its stream's order, after the work
         // queued before the frees.
-        if let Ok(true) = unsafe { cuda::discard(&ranges, self.stream(), self.device) } {
-            self.stats
-                .discarded
-                .fetch_add(bytes as u64, Ordering::Relaxed);
+        match unsafe { cuda::discard(&ranges, self.stream(), self.device) } {
+            Ok(true) => {
+                self.stats
+                    .discarded
+                    .fetch_add(bytes as u64, Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            // Advice that failed leaves correct memory: say why, count nothing.
+            Err(e) => crate::error::set_last(&format!("managed discard: {}", e.msg)),
         }
     }
 
@@ -135,7 +140,10 @@ impl Pool {
             Ok(false) => {
                 let _ = cuda::prefetch(a, b - a, self.device, self.stream(), self.device);
             }
-            Err(_) => {}
+            Err(e) => {
+                crate::error::set_last(&format!("managed discard-and-prefetch: {}", e.msg));
+                let _ = cuda::prefetch(a, b - a, self.device, self.stream(), self.device);
+            }
         }
     }
 }

@@ -7,6 +7,20 @@
 
 use super::*;
 
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
+const CU_STREAM_PER_THREAD: usize = 2;
+
+/// The stream a batch call is queued on for `stream`. The batch calls refuse the legacy default
+/// stream (CUDA_ERROR_INVALID_VALUE, seen on the lent H100 with driver 580); the per-thread
+/// default stream is a blocking stream, so it is ordered with the legacy stream both ways and
+/// stands in for it.
+fn batch_stream(stream: usize) -> CUstream {
+    match stream {
+        0 | 1 => CU_STREAM_PER_THREAD as CUstream,
+        s => s as CUstream,
+    }
+}
+
 /// Whether the driver has the batch discard calls.
 pub fn has_discard() -> bool {
     driver().is_ok_and(|d| {
@@ -40,7 +54,7 @@ pub unsafe fn discard(ranges: &[(usize, usize)], stream: usize, device: i32) -> 
                     sizes.as_mut_ptr(),
                     ranges.len(),
                     0,
-                    stream as CUstream,
+                    batch_stream(stream),
                 )
             },
             "cuMemDiscardBatchAsync",
@@ -85,7 +99,7 @@ pub unsafe fn discard_and_prefetch(
                     &mut idx,
                     1,
                     0,
-                    stream as CUstream,
+                    batch_stream(stream),
                 )
             },
             "cuMemDiscardAndPrefetchBatchAsync",
