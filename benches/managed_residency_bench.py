@@ -14,9 +14,9 @@ reusing a block the host read costs. Each configuration runs in a fresh process.
    - fault: the view read with no prefetch at all;
    - copy into pinned: cupy.asnumpy into a NumPy array (pinned host side) at DMA speed, then
      the read.
-2. reuse of a block the host read: the host reads a GPU-written block (asnumpy), the block is
-   freed, and a kernel writes a new block of the same size right away (it gets the same
-   memory). Timed: the allocation and the kernel, synchronised. UMP_ALLOC_MANAGED_DISCARD=1
+2. reuse of a block the host used: the host reads and writes every element of a GPU-written
+   block (asnumpy, then +=), the block is freed, and a kernel writes a new block of the same
+   size right away (it gets the same memory). Timed: the allocation and the kernel, synchronised. UMP_ALLOC_MANAGED_DISCARD=1
    (discard the freed block, discard-and-prefetch it when reused) against 0 (the dead pages
    migrate back on the kernel's first touch).
 
@@ -81,7 +81,6 @@ def read_run(gib: float, rounds: int) -> dict:
             assert got == expect, (how, got, expect)
             out[how].append(dt)
             del h, x
-            ump_alloc.trim()
     return {"mode": ump_alloc.mode(), "bytes": n * 8, "times": out}
 
 
@@ -96,7 +95,7 @@ def reuse_run(gib: float, rounds: int) -> dict:
     for r in range(rounds + 1):
         x = cp.random.randint(0, 2**62, size=n, dtype=cp.int64)
         h = ump_alloc.asnumpy(x)
-        int(h.sum())  # the host reads it all: its pages are on the host now
+        h += 1  # the host reads and writes it all: its pages are the host's now
         del h, x
         cp.cuda.Device().synchronize()
         t0 = time.perf_counter()

@@ -7,8 +7,10 @@
 //!
 //! - **When memory grows past the peak.** Before committing `n` more bytes, a pool whose
 //!   mapped bytes would pass its peak in use by more than [`slack`] purges free spans first,
-//!   oldest first, until `n` bytes went back. So at any peak, mapped ≈ in use + pages shared
-//!   with live blocks + the slack, whatever the pattern of sizes.
+//!   oldest first, until it is back under. Free spans the device may still use are skipped,
+//!   unless mapped would pass the peak by twice the slack: then the pool waits for that work
+//!   and purges them too. So at any peak, mapped ≤ in use + pages shared with live blocks +
+//!   twice the slack, whatever the pattern of sizes.
 //! - **When memory stays idle.** Every [`WINDOW`] the pool compares what it has committed
 //!   with the most it had handed out over the last two windows; free spans beyond that (and
 //!   the slack) are purged at the next large allocation or free of the pool, so mapped memory
@@ -80,9 +82,9 @@ impl Lazy {
 /// What a purge is for.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Purge {
-    /// Committing this many bytes would pass the peak: give back at least as much, without
-    /// waiting for the device.
-    Need(usize),
+    /// Committing would pass the peak by this many bytes: give back at least as much (with
+    /// `true`, waiting for the device's work on freed memory where needed).
+    Need(usize, bool),
     /// Keep what the last two windows used (and the slack), without waiting.
     Decay,
     /// Give back every free page, waiting for the device where needed.
@@ -110,11 +112,18 @@ impl Pool {
         if need == 0 {
             return Ok(false);
         }
-        let peak = self.stats.in_use_peak.load(Ordering::Relaxed);
-        let mapped = self.stats.mapped.load(Ordering::Relaxed);
-        if mapped + need > peak.max(self.stats.in_use()) + slack(peak) {
-            // The span being handed out is out of the free set: the purge cannot touch it.
-            self.purge(lg, Purge::Need(need));
+        // The peak in use once this block is handed out, and what may be mapped beside it.
+        let peak = (self.stats.in_use_peak.load(Ordering::Relaxed)).max(self.stats.in_use() + len);
+        let soft = peak + slack(peak);
+        let over = |p: &Pool| p.stats.mapped.load(Ordering::Relaxed) + need;
+        // The span being handed out is out of the free set: a purge cannot touch it.
+        if over(self) > soft {
+            self.purge(lg, Purge::Need(over(self) - soft, false));
+        }
+        // Free memory the device may still use (its epoch is not over) is purged too, after
+        // waiting for it, rather than letting mapped memory run away from the peak.
+        if over(self) > soft + slack(peak) {
+            self.purge(lg, Purge::Need(over(self) - soft, true));
         }
         let limit = self.limit();
         if !self.stats.reserve_mapped(need, limit.map(|l| l.0)) {
@@ -273,12 +282,13 @@ impl Pool {
             let Some(sp) = self.free_span_at(lg, start) else {
                 continue;
             };
-            if !self.epoch_safe(lg, sp.free_epoch.load(Ordering::Relaxed), false) {
+            let wait = matches!(how, Purge::Need(_, true));
+            if !self.epoch_safe(lg, sp.free_epoch.load(Ordering::Relaxed), wait) {
                 lg.lazy.queue.push_back(start);
                 continue;
             }
             freed += self.decommit_span(lg, sp);
-            if let Purge::Need(n) = how
+            if let Purge::Need(n, _) = how
                 && freed >= n
             {
                 break;
