@@ -52,14 +52,9 @@ impl Pool {
         if len == old {
             return;
         }
-        let chunk = (
-            sp.chunk_base.load(Ordering::Relaxed),
-            sp.chunk_len.load(Ordering::Relaxed),
-        );
         sp.len.store(len, Ordering::Release);
-        let tail = self.new_span(lg, sp.start() + len, old - len, chunk, true);
-        tail.away
-            .store(sp.away.load(Ordering::Relaxed), Ordering::Relaxed);
+        let tail = self.carve(lg, sp, sp.start() + len, old - len);
+        tail.dirty.store(true, Ordering::Relaxed);
         if self.lazy() {
             lg.lazy.used -= old - len;
         }

@@ -512,20 +512,26 @@ impl Pool {
             return sp;
         }
         let start = sp.start();
+        sp.len.store(flen - len, Ordering::Release);
+        lg.free.insert((flen - len, start), sp);
+        lg.free_bytes += flen - len;
+        self.carve(lg, sp, start + flen - len, len)
+    }
+
+    /// A new span for `[start, start+len)`, cut from free span `sp`: same chunk, and `sp`'s
+    /// dirtiness and residency.
+    pub(super) fn carve(
+        &'static self,
+        lg: &mut Large,
+        sp: &Span,
+        start: usize,
+        len: usize,
+    ) -> &'static Span {
         let chunk = (
             sp.chunk_base.load(Ordering::Relaxed),
             sp.chunk_len.load(Ordering::Relaxed),
         );
-        sp.len.store(flen - len, Ordering::Release);
-        lg.free.insert((flen - len, start), sp);
-        lg.free_bytes += flen - len;
-        let taken = self.new_span(
-            lg,
-            start + flen - len,
-            len,
-            chunk,
-            sp.dirty.load(Ordering::Relaxed),
-        );
+        let taken = self.new_span(lg, start, len, chunk, sp.dirty.load(Ordering::Relaxed));
         taken
             .away
             .store(sp.away.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -545,10 +551,6 @@ impl Pool {
             return sp;
         }
         let start = sp.start();
-        let chunk = (
-            sp.chunk_base.load(Ordering::Relaxed),
-            sp.chunk_len.load(Ordering::Relaxed),
-        );
         // The descriptor keeps the rest (its granules still point at it); the head gets a new
         // one, registered over the head's granules only.
         sp.start.store(start + len, Ordering::Release);
@@ -558,11 +560,7 @@ impl Pool {
         if self.lazy() {
             self.on_span_free(lg, sp);
         }
-        let taken = self.new_span(lg, start, len, chunk, sp.dirty.load(Ordering::Relaxed));
-        taken
-            .away
-            .store(sp.away.load(Ordering::Relaxed), Ordering::Relaxed);
-        taken
+        self.carve(lg, sp, start, len)
     }
 
     /// Put free span `sp` into the free set, merging it with free neighbours in its chunk. A

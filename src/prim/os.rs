@@ -13,19 +13,21 @@ pub fn page_size() -> usize {
 /// multiple of the page size). `size` must be a multiple of the page size.
 /// Returns None when the OS refuses.
 pub fn map_aligned(size: usize, align: usize) -> Option<NonNull<u8>> {
+    map_trimmed(
+        size,
+        align,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+    )
+}
+
+/// An anonymous mapping of `size + align` bytes with `prot` and `flags`, trimmed to the
+/// `align`-aligned `size` bytes inside it.
+fn map_trimmed(size: usize, align: usize, prot: i32, flags: i32) -> Option<NonNull<u8>> {
     debug_assert!(align.is_power_of_two() && size % page_size() == 0);
     let span = size.checked_add(align)?;
-    // SAFETY: an anonymous private mapping with no address hint has no preconditions.
-    let raw = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            span,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
+    // SAFETY: an anonymous mapping with no address hint has no preconditions.
+    let raw = unsafe { libc::mmap(std::ptr::null_mut(), span, prot, flags, -1, 0) };
     if raw == libc::MAP_FAILED {
         return None;
     }
@@ -57,34 +59,12 @@ pub unsafe fn unmap(ptr: NonNull<u8>, size: usize) {
 /// Reserve `size` bytes of address space aligned to `align` with no memory behind it
 /// (`PROT_NONE`, not counted against overcommit): [`commit`] makes parts of it usable.
 pub fn reserve(size: usize, align: usize) -> Option<NonNull<u8>> {
-    debug_assert!(align.is_power_of_two() && size % page_size() == 0);
-    let span = size.checked_add(align)?;
-    // SAFETY: an anonymous private mapping with no address hint has no preconditions.
-    let raw = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            span,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if raw == libc::MAP_FAILED {
-        return None;
-    }
-    let start = raw as usize;
-    let aligned = (start + align - 1) & !(align - 1);
-    let (head, tail) = (aligned - start, span - (aligned - start) - size);
-    if head > 0 {
-        // SAFETY: the unaligned head of the mapping made above, unused.
-        unsafe { libc::munmap(raw, head) };
-    }
-    if tail > 0 {
-        // SAFETY: the unused end of the same mapping.
-        unsafe { libc::munmap((aligned + size) as *mut libc::c_void, tail) };
-    }
-    NonNull::new(aligned as *mut u8)
+    map_trimmed(
+        size,
+        align,
+        libc::PROT_NONE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+    )
 }
 
 /// Make `[ptr, ptr+size)` (page-aligned, inside a reservation) readable and writable. Pages
