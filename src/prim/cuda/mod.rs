@@ -91,6 +91,7 @@ driver_table! {
     cuDevicePrimaryCtxRetain: fn(*mut CUcontext, CUdevice);
     cuCtxPushCurrent_v2: fn(CUcontext);
     cuCtxPopCurrent_v2: fn(*mut CUcontext);
+    cuCtxGetDevice: fn(*mut CUdevice);
     cuMemAlloc_v2: fn(*mut CUdeviceptr, usize);
     cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint);
     cuMemFree_v2: fn(CUdeviceptr);
@@ -569,6 +570,15 @@ pub fn mem_info(device: i32) -> Result<(usize, usize)> {
         )?;
         Ok((free, total))
     })
+}
+
+/// The device of the context current on this thread (the one the CUDA runtime made current
+/// for `cudaSetDevice`), or None when no context is current.
+pub fn current_device() -> Option<i32> {
+    let d = driver().ok()?;
+    let mut dev: CUdevice = 0;
+    // SAFETY: valid out-pointer; with no current context the driver returns an error code.
+    (unsafe { (d.cuCtxGetDevice)(&mut dev) } == CUDA_SUCCESS).then_some(dev)
 }
 
 /// Wait for all work queued on every stream of `device`'s primary context (the last resort
