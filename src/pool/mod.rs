@@ -450,6 +450,27 @@ impl Pool {
         }
     }
 
+    /// Allocate `n` bytes (more than [`SMALL_MAX`]) as a whole chunk of its own, exactly as
+    /// long as the request rounded to the granule: its start is the start of what the backing
+    /// mapped. CUDA IPC exports a driver allocation whole (a handle opens at the allocation's
+    /// base), so a block shared between processes must be an allocation of its own.
+    pub fn alloc_whole(&'static self, n: usize) -> Result<Alloc> {
+        if n > MAX_REQUEST || n <= SMALL_MAX {
+            return Err(Error::bad_size(format!(
+                "size {n} is outside {}..={MAX_REQUEST} for a chunk of its own",
+                SMALL_MAX + 1
+            )));
+        }
+        let span = self.take_whole(n.next_multiple_of(GRANULE), n)?;
+        let zeroed = !span.dirty.swap(true, Ordering::Relaxed);
+        self.stats.allocs.fetch_add(1, Ordering::Relaxed);
+        self.stats.add_in_use(n);
+        Ok(Alloc {
+            ptr: span.start(),
+            zeroed,
+        })
+    }
+
     /// Free the block starting at `ptr`. Errors leave everything as it was.
     pub fn free(&'static self, ptr: usize) -> Result<usize> {
         match pool_at(ptr) {

@@ -194,6 +194,57 @@ impl Pool {
         })
     }
 
+    /// A block that is a whole chunk of exactly `len` bytes (a granule multiple): an idle
+    /// chunk of that length, else a new one; never a piece of a larger chunk (see
+    /// [`Pool::alloc_whole`]). When memory is short, what the pool (or the device's pools)
+    /// holds idle is given back once and the request tried again.
+    pub(super) fn take_whole(&'static self, len: usize, req: usize) -> Result<&'static Span> {
+        let mut retried = false;
+        loop {
+            {
+                let mut lg = lock(&self.large);
+                let idle = lg
+                    .free
+                    .range((len, 0)..=(len, usize::MAX))
+                    .map(|(_, &sp)| sp)
+                    .find(|sp| sp.is_whole_chunk());
+                if let Some(sp) = idle {
+                    self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    self.unlist_free(&mut lg, sp);
+                    lg.take_event(sp.start());
+                    return self.finish_take(&mut lg, Fit::tail(sp), len, SPAN_USED, req, true);
+                }
+            }
+            if let Some(g) = self.group {
+                g.make_room(len, len);
+            }
+            let e = {
+                let mut lg = lock(&self.large);
+                match self.map_chunk(&mut lg, len, len) {
+                    Ok(chunk) => {
+                        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+                        let dirty = !self.backing.fresh_is_zero();
+                        let sp = self.chunk_span(&mut lg, &chunk, dirty);
+                        return self.finish_take(
+                            &mut lg,
+                            Fit::tail(sp),
+                            len,
+                            SPAN_USED,
+                            req,
+                            false,
+                        );
+                    }
+                    Err(e) => e,
+                }
+            };
+            if retried || e.status == crate::error::Status::UMP_ERR_UNSUPPORTED {
+                return Err(e);
+            }
+            self.reclaim_for_retry();
+            retried = true;
+        }
+    }
+
     pub(super) fn free_large(&'static self, sp: &'static Span, ptr: usize) -> Result<usize> {
         let mut lg = lock(&self.large);
         let start = sp.start();

@@ -508,3 +508,80 @@ fn largest_free_block_counts_listed_neighbours_merged_and_is_servable() {
         "all merged: the whole chunk"
     );
 }
+
+/// A host backing that remembers where each chunk it mapped starts.
+struct Recording {
+    inner: HostBacking,
+    bases: std::sync::Mutex<Vec<usize>>,
+}
+
+impl Backing for Recording {
+    fn kind(&self) -> Kind {
+        Kind::UMP_KIND_HOST
+    }
+    fn device(&self) -> i32 {
+        -1
+    }
+    fn map(&self, size: usize) -> crate::error::Result<Chunk> {
+        let c = self.inner.map(size)?;
+        self.bases.lock().unwrap().push(c.base);
+        Ok(c)
+    }
+    unsafe fn unmap(&self, chunk: &Chunk) {
+        self.bases.lock().unwrap().retain(|&b| b != chunk.base);
+        // SAFETY: forwarded.
+        unsafe { self.inner.unmap(chunk) }
+    }
+}
+
+#[test]
+fn whole_chunk_blocks_start_where_the_backing_mapped_and_are_never_pieces() {
+    let backing: &'static Recording = Box::leak(Box::new(Recording {
+        inner: HostBacking::new(Kind::UMP_KIND_HOST),
+        bases: std::sync::Mutex::new(Vec::new()),
+    }));
+    struct Fwd(&'static Recording);
+    impl Backing for Fwd {
+        fn kind(&self) -> Kind {
+            self.0.kind()
+        }
+        fn device(&self) -> i32 {
+            -1
+        }
+        fn map(&self, size: usize) -> crate::error::Result<Chunk> {
+            self.0.map(size)
+        }
+        unsafe fn unmap(&self, chunk: &Chunk) {
+            // SAFETY: forwarded.
+            unsafe { self.0.unmap(chunk) }
+        }
+    }
+    let p = Pool::new(Box::new(Fwd(backing)), 512, None, usize::MAX);
+    let mapped_at = |ptr| backing.bases.lock().unwrap().contains(&ptr);
+    let a = p.alloc_whole(20 << 20).unwrap().ptr;
+    assert!(mapped_at(a), "a whole block starts its chunk");
+    p.free(a).unwrap();
+    // An ordinary request may cut the idle 20 MiB chunk...
+    let small = p.alloc(2 << 20).unwrap().ptr;
+    assert!(
+        (a..a + (20 << 20)).contains(&small),
+        "the idle chunk serves a piece"
+    );
+    // ...after which a whole block of that size is a chunk of its own, not the rest of it.
+    let b = p.alloc_whole(20 << 20).unwrap().ptr;
+    assert!(
+        mapped_at(b) && b != a,
+        "{b:#x} must be a fresh chunk, not a piece of {a:#x}"
+    );
+    p.free(b).unwrap();
+    // An idle whole chunk of the exact length is reused as is.
+    let c = p.alloc_whole(20 << 20).unwrap().ptr;
+    assert_eq!(c, b);
+    assert!(
+        p.alloc_whole(1000).is_err(),
+        "small requests come from slabs"
+    );
+    p.free(c).unwrap();
+    p.free(small).unwrap();
+    assert_eq!(p.stats.in_use(), 0);
+}
