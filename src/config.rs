@@ -88,6 +88,16 @@ pub const VARS: &[Var] = &[
         help: c"1: managed device-side blocks the host has read are discarded when freed and discarded-and-prefetched to the device when reused, so dead data never migrates (CUDA 13 drivers); 0: off",
     },
     Var {
+        name: c"UMP_ALLOC_OVERSUBSCRIBE",
+        default: c"0",
+        help: c"1: managed device-side memory may exceed what the GPU has free (the driver pages it to the host); 0: an allocation that would fails cleanly as out of memory (PyTorch: torch.OutOfMemoryError after emptying its cache)",
+    },
+    Var {
+        name: c"UMP_ALLOC_TORCH_ROUTE",
+        default: c"segments",
+        help: c"segments: PyTorch keeps its own caching allocator and ump-alloc supplies its segments (everything of torch.cuda works); swap: ump-alloc replaces PyTorch's allocator (its own stream-ordered caching; memory stats, snapshots, cudnn.benchmark, CUDA graph pools, MemPool and CUDA IPC then raise)",
+    },
+    Var {
         name: c"UMP_ALLOC_TORCH_FAST_CPU",
         default: c"1",
         help: c"1: PyTorch's .cpu()/.to(\"cpu\")/.numpy(force=True) of CUDA tensors copy into ump-alloc's host side (pinned: PCIe speed); 0: PyTorch's own CPU memory",
@@ -118,6 +128,25 @@ pub const VARS: &[Var] = &[
         help: c"1: behave as if no CUDA driver were installed (tests, CPU-only runs); 0 or unset: use CUDA",
     },
 ];
+
+/// How PyTorch gets its CUDA memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TorchRoute {
+    /// PyTorch's own caching allocator on top, ump-alloc supplying its segments.
+    Segments,
+    /// ump-alloc replaces PyTorch's allocator (`CUDAPluggableAllocator`).
+    Swap,
+}
+
+impl TorchRoute {
+    pub fn parse(v: &str) -> Option<TorchRoute> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "segments" => Some(TorchRoute::Segments),
+            "swap" => Some(TorchRoute::Swap),
+            _ => None,
+        }
+    }
+}
 
 /// A cap on pinned host memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,6 +183,10 @@ pub struct Config {
     pub device_vmm: bool,
     /// Discard managed blocks that may be away from the device when they are freed.
     pub managed_discard: bool,
+    /// Managed device-side chunks may exceed the device's free memory.
+    pub oversubscribe: bool,
+    /// How PyTorch gets its memory (read by `ump_alloc`, validated here).
+    pub torch_route: TorchRoute,
     /// Switches of the Python integrations (read by `ump_alloc`, validated here).
     pub torch_fast_cpu: bool,
     pub torch_unified: bool,
@@ -174,6 +207,8 @@ impl Default for Config {
             headroom: 0,
             device_vmm: true,
             managed_discard: true,
+            oversubscribe: false,
+            torch_route: TorchRoute::Segments,
             torch_fast_cpu: true,
             torch_unified: false,
             cupy_zero_copy: false,
@@ -241,6 +276,7 @@ impl Config {
         for (name, slot) in [
             ("UMP_ALLOC_DEVICE_VMM", &mut c.device_vmm),
             ("UMP_ALLOC_MANAGED_DISCARD", &mut c.managed_discard),
+            ("UMP_ALLOC_OVERSUBSCRIBE", &mut c.oversubscribe),
             ("UMP_ALLOC_TORCH_FAST_CPU", &mut c.torch_fast_cpu),
             ("UMP_ALLOC_TORCH_UNIFIED", &mut c.torch_unified),
             ("UMP_ALLOC_CUPY_ZERO_COPY", &mut c.cupy_zero_copy),
@@ -249,6 +285,13 @@ impl Config {
                 *slot =
                     parse_switch(&v).map_err(|e| Error::config(format!("{name}={v:?}: {e}")))?;
             }
+        }
+        if let Some(v) = get("UMP_ALLOC_TORCH_ROUTE") {
+            c.torch_route = TorchRoute::parse(&v).ok_or_else(|| {
+                Error::config(format!(
+                    "UMP_ALLOC_TORCH_ROUTE={v:?}: expected segments or swap"
+                ))
+            })?;
         }
         if let Some(v) = get("UMP_ALLOC_PREFETCH_MIN") {
             c.prefetch_min = parse_bytes(&v)
@@ -479,6 +522,27 @@ mod tests {
     }
 
     #[test]
+    fn torch_route_and_oversubscription() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.torch_route, TorchRoute::Segments);
+        assert!(!c.oversubscribe, "oversubscription is opt-in");
+        let c = cfg(&[
+            ("UMP_ALLOC_TORCH_ROUTE", " Swap "),
+            ("UMP_ALLOC_OVERSUBSCRIBE", "1"),
+        ])
+        .unwrap();
+        assert_eq!(c.torch_route, TorchRoute::Swap);
+        assert!(c.oversubscribe);
+        for (k, v) in [
+            ("UMP_ALLOC_TORCH_ROUTE", "mempool"),
+            ("UMP_ALLOC_OVERSUBSCRIBE", "yes"),
+        ] {
+            let e = cfg(&[(k, v)]).unwrap_err();
+            assert!(e.msg.contains(k), "{}", e.msg);
+        }
+    }
+
+    #[test]
     fn table_names_every_variable_read() {
         for name in [
             "UMP_ALLOC_HOST_SIDE",
@@ -489,6 +553,8 @@ mod tests {
             "UMP_ALLOC_ALIGNMENT",
             "UMP_ALLOC_LIMIT",
             "UMP_ALLOC_HOST_RETAIN",
+            "UMP_ALLOC_OVERSUBSCRIBE",
+            "UMP_ALLOC_TORCH_ROUTE",
         ] {
             assert!(VARS.iter().any(|v| v.name.to_str() == Ok(name)), "{name}");
         }

@@ -50,7 +50,7 @@ impl HostPools {
                 config.host_retain,
             ),
             HostSide::Pinned => (Box::new(RegisteredBacking::new(-1)), config.host_retain),
-            HostSide::Managed => (Box::new(ManagedBacking::new(-1, 0)), usize::MAX),
+            HostSide::Managed => (Box::new(ManagedBacking::new(-1, 0, true)), usize::MAX),
         };
         Self::with_backing(side, backing, retain, config)
     }

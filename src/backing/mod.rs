@@ -316,14 +316,25 @@ fn aligned_driver_chunk(
 /// With a headroom (RMM's SamHeadroomMemoryResource), a device chunk prefers the device only
 /// up to the device's free memory minus the headroom; the rest of it prefers host memory and
 /// is mapped for the device, so kernels reach it over the bus and the headroom stays free.
+///
+/// Without a headroom, a device chunk larger than the device's free memory is refused as out
+/// of memory unless `oversubscribe` (`UMP_ALLOC_OVERSUBSCRIBE`): the driver would page it,
+/// and asking a GPU for far more managed memory than it has can thrash or hang it. A refusal
+/// lets the pool give back what it caches and try again, and then PyTorch empty its cache and
+/// raise `torch.OutOfMemoryError`, as with device memory.
 pub struct ManagedBacking {
     device: i32,
     headroom: usize,
+    oversubscribe: bool,
 }
 
 impl ManagedBacking {
-    pub fn new(device: i32, headroom: usize) -> Self {
-        ManagedBacking { device, headroom }
+    pub fn new(device: i32, headroom: usize, oversubscribe: bool) -> Self {
+        ManagedBacking {
+            device,
+            headroom,
+            oversubscribe,
+        }
     }
 
     /// Bytes at the front of a new chunk of `size` bytes that may live on the device.
@@ -341,6 +352,19 @@ impl ManagedBacking {
     }
 }
 
+/// Refuse a managed chunk of `size` bytes for device `dev` that has `free` bytes free.
+fn fits_device(size: usize, free: usize, dev: i32) -> Result<()> {
+    if size <= free {
+        return Ok(());
+    }
+    Err(Error::oom(format!(
+        "device {dev} has {} MiB free, {} MiB of managed memory asked: more would oversubscribe \
+         the GPU (UMP_ALLOC_OVERSUBSCRIBE=1 allows it; the driver then pages to the host)",
+        free >> 20,
+        size.div_ceil(1 << 20)
+    )))
+}
+
 /// Granularity of the device/host split of a chunk under a headroom (a large page).
 const HEADROOM_ALIGN: usize = 2 << 20;
 
@@ -353,6 +377,10 @@ impl Backing for ManagedBacking {
     }
     fn map(&self, size: usize) -> Result<Chunk> {
         let dev = self.device;
+        if dev >= 0 && self.headroom == 0 && !self.oversubscribe {
+            let (free, _) = cuda::mem_info(dev)?;
+            fits_device(size, free, dev)?;
+        }
         let chunk = aligned_driver_chunk(
             size,
             |n| cuda::alloc_managed(n, dev),
@@ -595,5 +623,24 @@ impl Backing for DeviceBacking {
     unsafe fn unmap(&self, chunk: &Chunk) {
         // SAFETY: forwarded from the caller's contract.
         let _ = unsafe { cuda::free(chunk.raw, self.device) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn managed_chunks_past_free_device_memory_are_out_of_memory() {
+        assert!(fits_device(64 << 20, 64 << 20, 0).is_ok());
+        let e = fits_device((64 << 20) + 1, 64 << 20, 1).unwrap_err();
+        assert_eq!(e.status, crate::error::Status::UMP_ERR_OOM);
+        assert!(
+            e.msg.contains("device 1")
+                && e.msg.contains("64 MiB free")
+                && e.msg.contains("UMP_ALLOC_OVERSUBSCRIBE=1"),
+            "{}",
+            e.msg
+        );
     }
 }
