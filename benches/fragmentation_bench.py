@@ -15,10 +15,11 @@ block of 4-96 MiB, allocated in the middle of the forward pass, alive for 20 ste
 
 Reported per configuration (median over the repeats):
 - peak reserved: memory held from the driver at its peak (torch: max_memory_reserved; CuPy's
-  pools: total_bytes, with cudaMemPoolAttrReservedMemHigh for the async pool; ump-alloc: the
-  device's mapped_peak, i.e. committed physical memory);
-- peak in use: the allocator's own figure (torch: max_memory_allocated; CuPy: used_bytes at each
-  step's peak; ump-alloc: in_use_peak) and the workload's own count of live bytes;
+  pools: total_bytes, with cudaMemPoolAttrReservedMemHigh for the async pool; ump-alloc, on
+  either route: the device's mapped_peak, i.e. committed physical memory);
+- peak in use: the allocator's own figure (torch, and ump-alloc's segments route where PyTorch's
+  caching allocator sits on top: max_memory_allocated; CuPy: used_bytes at each step's peak;
+  ump-alloc's swap route: in_use_peak) and the workload's own count of live bytes;
 - time: seconds for the big phase's timed steps (synchronised), median and fastest run;
 - after: memory held at the end of the small phase, with no trim or empty_cache.
 """
@@ -47,8 +48,13 @@ CONFIGS: dict[str, dict[str, str]] = {
     "torch-native": {},
     "torch-expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "torch-async": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
-    "ump-torch": {"UMP_ALLOC_DEVICE_SIDE": "device"},
-    "ump-torch-chunks": {"UMP_ALLOC_DEVICE_SIDE": "device", "UMP_ALLOC_DEVICE_VMM": "0"},
+    # PyTorch's caching allocator on top, ump-alloc's segments below (the default route): the
+    # default device side (managed memory), and plain device memory (the virtual-memory pool).
+    "ump-torch-segments": {},
+    "ump-torch-segments-device": {"UMP_ALLOC_DEVICE_SIDE": "device"},
+    # ump-alloc instead of PyTorch's allocator (the swap route), on plain device memory.
+    "ump-torch": {"UMP_ALLOC_DEVICE_SIDE": "device", "UMP_ALLOC_TORCH_ROUTE": "swap"},
+    "ump-torch-chunks": {"UMP_ALLOC_DEVICE_SIDE": "device", "UMP_ALLOC_DEVICE_VMM": "0", "UMP_ALLOC_TORCH_ROUTE": "swap"},
     "cupy-pool": {},
     "cupy-async": {},
     "ump-cupy": {"UMP_ALLOC_DEVICE_SIDE": "device"},
@@ -59,12 +65,17 @@ class Torch:
     """The workload's operations in PyTorch."""
 
     def __init__(self, use_ump: bool):
+        self.route = None
         if use_ump:
             import ump_alloc
 
             ump_alloc.enable(cupy=False, torch=True)
         import torch
 
+        if use_ump:
+            from ump_alloc import _torch
+
+            self.route = _torch.route()
         self.t = torch
         self.use_ump = use_ump
         self.gen = torch.Generator(device="cuda").manual_seed(7)
@@ -116,6 +127,8 @@ class Torch:
             import ump_alloc
 
             d = ump_alloc.stats()["devices"][0]
+            if self.route == "segments":
+                return d["mapped"], d["mapped_peak"], t.cuda.max_memory_allocated(), t.cuda.memory_allocated()
             return d["mapped"], d["mapped_peak"], d["in_use_peak"], d["in_use"]
         return (
             t.cuda.memory_reserved(),
@@ -268,6 +281,7 @@ def run_one(name: str, steps: int) -> dict:
         xp = Torch(use_ump=name.startswith("ump"))
     r = workload(xp, steps)
     r["config"] = name
+    r["route"] = getattr(xp, "route", None)
     return r
 
 
@@ -277,6 +291,8 @@ def run_in_child(name: str, steps: int) -> dict:
         env["UMP_ALLOC_LIBRARY"] = os.environ["UMP_ALLOC_LIBRARY"]
     env.pop("UMP_ALLOC", None)
     env.update(CONFIGS[name])
+    if name.startswith("ump-torch"):
+        env["UMP_ALLOC_TORCH_ROUTE"] = CONFIGS[name].get("UMP_ALLOC_TORCH_ROUTE", "segments")
     r = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--run", name, "--steps", str(steps)], env=env, capture_output=True, text=True, timeout=600
     )

@@ -629,6 +629,29 @@ int ump_torch_set_memory_fraction(double fraction, int device);
 // `libtorch_cuda` is NULL or a NUL-terminated string; `oom_error` is NULL or writable.
 int ump_torch_attach(const char *libtorch_cuda, int *oom_error);
 
+// Supply PyTorch's segments (the default route): point the `cudaMalloc` and `cudaFree` import
+// slots of `libc10_cuda` (the path of the `libc10_cuda.so` that `import torch` loaded; it is
+// not loaded here) at ump-alloc, so that PyTorch's caching allocator maps every new segment
+// from the device side's pools, on every device, thread and stream, and keeps all of its own
+// machinery. Segments PyTorch made before stay its own and are freed through CUDA. Calling it
+// again while hooked does nothing. Returns `UMP_OK`; `UMP_ERR_UNSUPPORTED` (with the reason
+// in `ump_last_error()`, nothing changed) when that library is not loaded, does not import
+// both functions through slots, or its CUDA runtime cannot be found; `UMP_ERR_NULL` for a
+// NULL path.
+//
+// # Safety
+// `libc10_cuda` is NULL or a NUL-terminated string.
+int ump_torch_hook_segments(const char *libc10_cuda);
+
+// Stop supplying PyTorch's new segments (`ump_alloc.disable()`): `cudaMalloc` goes back to
+// CUDA's; `cudaFree` stays ump-alloc's, so segments PyTorch still caches from ump-alloc go
+// back to their pools when it frees them. Returns `UMP_OK` (also when not hooked).
+int ump_torch_unhook_segments(void);
+
+// 1 while PyTorch's segments come from ump-alloc (`ump_torch_hook_segments` succeeded and
+// `ump_torch_unhook_segments` was not called since), else 0.
+int ump_torch_segments_hooked(void);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -37,6 +37,9 @@ def supported_modes():
 
 
 SHARED = [m for m in supported_modes() if m != "device"]
+# Checks of ump-alloc's own caching under PyTorch (stream order, its record_stream, its
+# statistics and limit messages): the swap route, where every tensor is an ump-alloc block.
+SWAP = {"UMP_ALLOC_TORCH_ROUTE": "swap"}
 
 
 def check(name, mode=None, extra=None):
@@ -86,16 +89,16 @@ def test_out_of_memory(mode):
 
 @pytest.mark.parametrize("mode", supported_modes() or ["managed"])
 def test_torch_out_of_memory(mode):
-    check("torch_out_of_memory", mode, {"UMP_ALLOC_LIMIT": "256M"})
+    check("torch_out_of_memory", mode, {"UMP_ALLOC_LIMIT": "256M", **SWAP})
 
 
 @pytest.mark.parametrize("mode", ["managed", "device"])
 def test_torch_record_stream(mode):
-    check("torch_record_stream", mode)
+    check("torch_record_stream", mode, SWAP)
 
 
 def test_torch_empty_cache_and_fraction():
-    check("torch_empty_cache_and_fraction", "managed")
+    check("torch_empty_cache_and_fraction", "managed", SWAP)
 
 
 def test_forcing_system_without_hmm_is_refused():
@@ -131,8 +134,9 @@ def test_torch_too_late_is_explained():
         "except ump_alloc.UmpError as e:\n"
         "    print('ERR', e)\n"
     )
-    r = run_python(code)
+    r = run_python(code, env=SWAP)
     assert "ERR too late" in r.stdout and "before the first CUDA tensor" in r.stdout, r.stdout + r.stderr
+    assert "UMP_ALLOC_TORCH_ROUTE=segments" in r.stdout, "the message names the route that works late"
 
 
 def test_demo_shows_in_place_kernel():
@@ -167,12 +171,12 @@ def test_stream_reuse_cupy(mode):
 
 @pytest.mark.parametrize("mode", supported_modes() or ["managed"])
 def test_stream_reuse_torch(mode):
-    check("stream_reuse_torch", mode)
+    check("stream_reuse_torch", mode, SWAP)
 
 
 @pytest.mark.parametrize("mode", supported_modes() or ["managed"])
 def test_stats_and_peaks_torch(mode):
-    check("stats_and_peaks_torch", mode)
+    check("stats_and_peaks_torch", mode, SWAP)
 
 
 @pytest.mark.parametrize("mode", SHARED or ["managed"])

@@ -13,5 +13,7 @@ echo "== C ABI (ASan, valgrind)"
 bash tests/c/run.sh
 echo "== PyTorch C++ ABI (a stand-in libtorch_cuda.so)"
 bash tests/cxx/run.sh
+echo "== PyTorch segment hook (stand-in libc10_cuda.so and libcudart.so.13)"
+bash tests/hook/run.sh
 echo "== pytest"
 .venv/bin/python -m pytest python_tests -q -p no:cacheprovider

@@ -254,6 +254,7 @@ impl Allocator {
             return Ok(p);
         }
         let headroom = self.config.headroom;
+        let oversubscribe = self.config.oversubscribe;
         type Make = Box<dyn Fn() -> Box<dyn Backing> + Send + Sync>;
         let (make, kind): (Make, Kind) = match side {
             DeviceSide::System => (
@@ -261,7 +262,7 @@ impl Allocator {
                 Kind::UMP_KIND_SYSTEM,
             ),
             DeviceSide::Managed => (
-                Box::new(move || Box::new(ManagedBacking::new(device, headroom))),
+                Box::new(move || Box::new(ManagedBacking::new(device, headroom, oversubscribe))),
                 Kind::UMP_KIND_MANAGED,
             ),
             DeviceSide::Pinned => (
@@ -599,6 +600,55 @@ pub fn device_malloc(n: usize, device: i32, stream: usize) -> Result<usize> {
     let ptr = g.pool_for(stream)?.alloc(n)?.ptr;
     crate::scope::on_alloc(ptr, n);
     Ok(ptr)
+}
+
+/// A segment for PyTorch's caching allocator (its `cudaMalloc`, see `ffi::torch`): `n` bytes
+/// of the device side on the device whose context is current on this thread. `Ok(None)` when
+/// the request is not ump-alloc's to serve (no device side, no current context, a `fork()`
+/// child): the caller hands it to CUDA as before. Segments are outside every scope: PyTorch
+/// owns them.
+pub fn segment_malloc(n: usize) -> Result<Option<usize>> {
+    let a = instance()?;
+    if a.selection.sides.device == DeviceSide::None || crate::fork::is_fork_child() {
+        return Ok(None);
+    }
+    let Some(device) = cuda::current_device() else {
+        return Ok(None);
+    };
+    let g = a.device_pools(device)?;
+    g.release_deferred(false);
+    let pool = g.pool_for(0)?;
+    // Plain cuMemAlloc memory can be shared with CUDA IPC, which exports a driver allocation
+    // whole: each segment is then an allocation of its own, as PyTorch's own are.
+    let whole = pool.kind() == Kind::UMP_KIND_DEVICE
+        && pool.backing().commit_page().is_none()
+        && n > pool::SMALL_MAX;
+    let block = if whole {
+        pool.alloc_whole(n)?
+    } else {
+        pool.alloc(n)?
+    };
+    Ok(Some(block.ptr))
+}
+
+/// PyTorch's `cudaFree` of a segment: `Ok(false)` when `ptr` is not a block of ours (the
+/// caller hands it to CUDA). A segment of ours goes back to its pool once the device's queued
+/// work is done, as `cudaFree` waits for it: PyTorch reuses a freed segment's memory without
+/// ordering it after the streams that last used it.
+pub fn segment_free(ptr: usize) -> Result<bool> {
+    let info = match pool::lookup(ptr) {
+        Some(info) if info.pool.device() >= 0 => info,
+        _ => return Ok(false),
+    };
+    if info.base != ptr {
+        return Err(Error::invalid(format!(
+            "cudaFree({ptr:#x}): the address points inside the segment at {:#x}",
+            info.base
+        )));
+    }
+    cuda::device_synchronize(info.pool.device())?;
+    pool::free_block(ptr)?;
+    Ok(true)
 }
 
 /// Free a block made by [`device_malloc`] (any live block of ours is accepted), last used on

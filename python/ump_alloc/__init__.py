@@ -205,7 +205,12 @@ def _install_cupy(required: bool, zero_copy: bool | None = None) -> None:
     _cupy.install(zero_copy=zero_copy)
 
 
-def _install_torch(required: bool, fast_cpu: bool | None = None, unified: bool | None = None) -> None:
+def _install_torch(
+    required: bool,
+    fast_cpu: bool | None = None,
+    unified: bool | None = None,
+    route: str | None = None,
+) -> None:
     from . import _torch
 
     if not _gpu_mode():
@@ -213,7 +218,7 @@ def _install_torch(required: bool, fast_cpu: bool | None = None, unified: bool |
             raise UmpError(f"PyTorch needs a GPU mode; ump-alloc runs in mode '{mode()}'", _lib.ERR_UNSUPPORTED)
         return
     try:
-        _torch.install(fast_cpu=fast_cpu, unified=unified)
+        _torch.install(route=route, fast_cpu=fast_cpu, unified=unified)
     except _torch.TooLateError as e:
         if required:
             raise
@@ -248,12 +253,14 @@ def _child_env(
     cupy_zero_copy: bool | None,
     torch_fast_cpu: bool | None,
     torch_unified: bool | None,
+    torch_route: str | None = None,
 ) -> dict:
     env = {"UMP_ALLOC": "1"}
     for name, value in (
         ("UMP_ALLOC_MODE", mode),
         ("UMP_ALLOC_ALIGNMENT", alignment),
         ("UMP_ALLOC_LIMIT", limit),
+        ("UMP_ALLOC_TORCH_ROUTE", torch_route),
     ):
         if value is not None:
             env[name] = str(value)
@@ -280,6 +287,7 @@ def enable(
     cupy_zero_copy: bool | None = None,
     torch_fast_cpu: bool | None = None,
     torch_unified: bool | None = None,
+    torch_route: str | None = None,
 ) -> None:
     """Make ump-alloc the allocator of NumPy, CuPy and PyTorch.
 
@@ -303,8 +311,13 @@ def enable(
     Calls nest: each ``enable()`` is undone by one :func:`disable`, innermost first, and the
     state before the outermost ``enable()`` comes back after the last ``disable()``.
 
-    PyTorch accepts a pluggable allocator only before its first CUDA tensor; later, ``torch=True``
-    raises and ``torch=None`` warns.
+    ``torch_route`` (None: ``UMP_ALLOC_TORCH_ROUTE``, default ``"segments"``): how PyTorch gets
+    ump-alloc memory. ``"segments"``: PyTorch keeps its own caching allocator (every
+    ``torch.cuda`` feature works) and ump-alloc supplies its segments, from any moment on
+    (segments made before stay PyTorch's). ``"swap"``: ump-alloc replaces PyTorch's allocator;
+    PyTorch accepts that only before its first CUDA tensor (later ``torch=True`` raises and
+    ``torch=None`` warns), and some ``torch.cuda`` calls then raise
+    (``ump_alloc._torch.SWAP_UNSUPPORTED``; the PyTorch guide lists them).
 
     ``cupy_zero_copy``, ``torch_fast_cpu``, ``torch_unified`` (None: the ``UMP_ALLOC_*`` variable
     of that name): CuPy's ``asnumpy``/``get``/``asarray`` as views of ump-alloc memory (off by
@@ -346,15 +359,22 @@ def enable(
     if cupy or (cupy is None and _installed("cupy")):
         _hooks.when_imported("cupy", lambda _m, req=bool(cupy): _install_cupy(req, cupy_zero_copy))
         done.append("cupy")
+    if torch_route is not None:
+        from ._torch import route_setting
+
+        route_setting(torch_route)  # a bad value raises here, not at PyTorch's import
     if torch or (torch is None and _installed("torch")):
         _hooks.when_imported(
-            "torch", lambda _m, req=bool(torch): _install_torch(req, torch_fast_cpu, torch_unified)
+            "torch",
+            lambda _m, req=bool(torch): _install_torch(req, torch_fast_cpu, torch_unified, torch_route),
         )
         done.append("torch")
     env: dict = {}
     if children:
         _warn_if_forkserver_running()
-        wanted_env = _child_env(mode, alignment, limit, cupy_zero_copy, torch_fast_cpu, torch_unified)
+        wanted_env = _child_env(
+            mode, alignment, limit, cupy_zero_copy, torch_fast_cpu, torch_unified, torch_route
+        )
         env = {k: _os.environ.get(k) for k in wanted_env}
         _os.environ.update(wanted_env)
     _frames.append(_Frame(done, env))
@@ -391,9 +411,11 @@ def _enable_auto(**libs) -> None:
 
 def disable() -> None:
     """Undo the innermost :func:`enable` (or, with ``UMP_ALLOC=1``, what it switched on) for
-    NumPy and CuPy, and the environment variables it set for children. Arrays made meanwhile
-    stay valid and are freed through ump-alloc. PyTorch cannot switch allocators back and
-    stays. A ``disable()`` without a matching ``enable()`` raises UmpError."""
+    NumPy, CuPy and PyTorch, and the environment variables it set for children. Arrays made
+    meanwhile stay valid and are freed through ump-alloc. PyTorch on the ``segments`` route
+    takes its new segments from CUDA again (those it holds from ump-alloc go back to ump-alloc
+    when it releases them); the ``swap`` route cannot be undone and stays. A ``disable()``
+    without a matching ``enable()`` raises UmpError."""
     if not _frames:
         raise UmpError(
             "disable() without a matching enable(): ump-alloc is not enabled here "
@@ -410,6 +432,14 @@ def disable() -> None:
         from . import _cupy
 
         _cupy.uninstall()
+    if "torch" in frame.libs and not any("torch" in f.libs for f in _frames):
+        _hooks.cancel("torch")
+        import sys
+
+        if "torch" in sys.modules:
+            from . import _torch
+
+            _torch.uninstall()
     for k, v in frame.env.items():
         if v is None:
             _os.environ.pop(k, None)

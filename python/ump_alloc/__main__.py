@@ -65,6 +65,25 @@ def _what_it_means(problems_stop: bool) -> None:
         print(f"  {label:<8} {v:<12} {what}")
 
 
+def _torch_route() -> None:
+    """The PyTorch route configured, and what it means (PyTorch is not imported)."""
+    from ump_alloc import _torch
+
+    try:
+        route = _torch.route_setting()
+    except _lib.UmpError as e:
+        print(f"PyTorch route: invalid ({e})")
+        return
+    if route == "segments":
+        print("PyTorch route: segments (UMP_ALLOC_TORCH_ROUTE): PyTorch keeps its own caching allocator and")
+        print("  ump-alloc supplies its segments; every torch.cuda feature works as without ump-alloc")
+    else:
+        print("PyTorch route: swap (UMP_ALLOC_TORCH_ROUTE=swap): ump-alloc replaces PyTorch's allocator")
+        print("  (before the first CUDA tensor only); on this route these raise:")
+        for item in _torch.SWAP_UNSUPPORTED:
+            print(f"    - {item}")
+
+
 def info() -> int:
     problems = ump_alloc.config_errors()
     fatal = any(p.startswith("configuration error:") for p in problems)
@@ -112,6 +131,8 @@ def info() -> int:
             print(f"CuPy allocator: {_cupy.describe()}")
         except Exception as e:  # noqa: BLE001 - info must not fail
             print(f"CuPy allocator: unknown ({e})")
+    if _dist_version("torch") is not None and not fatal:
+        _torch_route()
     _what_it_means(fatal)
     if fatal:
         for p in problems:

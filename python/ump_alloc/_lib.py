@@ -219,6 +219,9 @@ SIGNATURES = {
     "ump_torch_empty_cache": (c_size_t, []),
     "ump_torch_set_memory_fraction": (c_int, [ctypes.c_double, c_int]),
     "ump_torch_attach": (c_int, [ctypes.c_char_p, ctypes.POINTER(c_int)]),
+    "ump_torch_hook_segments": (c_int, [ctypes.c_char_p]),
+    "ump_torch_unhook_segments": (c_int, []),
+    "ump_torch_segments_hooked": (c_int, []),
     "ump_device_memory_info": (c_int, [c_int, ctypes.POINTER(c_size_t), ctypes.POINTER(c_size_t)]),
     "ump_torch_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
     "ump_last_error": (c_char_p, []),
@@ -238,7 +241,7 @@ SIGNATURES = {
     "ump_identify": (c_int, [c_void_p, POINTER(Identity)]),
     "ump_host_access": (c_int, [c_void_p, c_size_t, c_void_p]),
     "ump_device_access": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
-        "ump_config_var": (c_int, [c_size_t, POINTER(c_char_p), POINTER(c_char_p), POINTER(c_char_p)]),
+    "ump_config_var": (c_int, [c_size_t, POINTER(c_char_p), POINTER(c_char_p), POINTER(c_char_p)]),
     "ump_stats": (c_int, [POINTER(Stats)]),
     "ump_reset_peak": (c_int, []),
     "ump_scope_begin": (c_int, []),
@@ -246,7 +249,7 @@ SIGNATURES = {
     "ump_scope_end": (c_int, []),
     "ump_scope_end_ex": (c_int, [POINTER(ScopeReport)]),
     "ump_scope_keep": (c_int, [c_void_p]),
-        "ump_scope_depth": (c_int, []),
+    "ump_scope_depth": (c_int, []),
     "ump_stream_retire": (c_int, [c_int, c_void_p]),
 }
 

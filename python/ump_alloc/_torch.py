@@ -1,19 +1,32 @@
-"""PyTorch integration through ``torch.cuda.memory.CUDAPluggableAllocator``.
+"""PyTorch integration: two routes, chosen by ``UMP_ALLOC_TORCH_ROUTE`` or
+``enable(torch_route=...)``.
 
-PyTorch accepts a pluggable allocator only before its CUDA caching allocator has served a
-tensor; after that ``change_current_allocator`` fails and there is no way back. It also cannot
-be uninstalled: ``disable()`` leaves PyTorch on ump-alloc.
+``segments`` (the default)
+    PyTorch keeps its own CUDA caching allocator, and ump-alloc supplies the segments it caches:
+    ``libc10_cuda.so`` calls ``cudaMalloc``/``cudaFree`` for every segment it maps and releases,
+    and those two import slots point at ump-alloc (``ump_torch_hook_segments``). Every device,
+    thread and stream is covered, and every feature of ``torch.cuda`` works as without
+    ump-alloc: memory statistics and snapshots, ``record_stream``, ``empty_cache`` (which also
+    gives back what ump-alloc caches), CUDA graphs and ``torch.compile(mode="reduce-overhead")``,
+    ``cudnn.benchmark``, a user's ``MemPool``, its out-of-memory retry and
+    ``torch.OutOfMemoryError``. It can be switched on at any time: segments PyTorch made before
+    stay its own. ``disable()`` switches it off again for new segments.
 
-Once installed, ump-alloc attaches to the pluggable allocator (``ump_torch_attach``) to give it
-what PyTorch's native allocator has and the pluggable one lacks:
+``swap``
+    ump-alloc replaces PyTorch's allocator (``change_current_allocator`` with a
+    ``CUDAPluggableAllocator``): every tensor allocation is ump-alloc's, with its stream-ordered
+    caching and lower fragmentation, and ``ump_torch_attach`` gives PyTorch's pluggable allocator
+    ``record_stream``, ``empty_cache``, the memory fraction and real out-of-memory errors. PyTorch
+    accepts it only before its first CUDA tensor and cannot switch back, and on this route the
+    calls in :data:`SWAP_UNSUPPORTED` raise.
 
-- ``tensor.record_stream(s)``: the block is reused only after the work queued on ``s`` until
-  its free (events, as PyTorch's caching allocator does);
-- ``torch.cuda.empty_cache()`` gives back what ump-alloc caches on the device side;
-- ``torch.cuda.set_per_process_memory_fraction(f, device)`` becomes a limit on the device side;
-- a failed allocation raises ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``) with
-  ump-alloc's message, after everything cached on every stream was given back and the
-  allocation tried again, instead of a tensor at address 0.
+Why not a ``torch.cuda.MemPool`` fed by ump-alloc with every allocation routed into it
+(``torch._C._cuda_beginAllocateToPool``): PyTorch then believes a CUDA-graph capture is under
+way for good, and measured with PyTorch 2.11 that leaks every block freed after
+``record_stream`` (3 GiB after 300 iterations of an 8 MiB tensor, against 20 MiB natively),
+makes ``empty_cache()`` release nothing, skips the out-of-memory retry (an allocation that fits
+after freeing the cache raises), and one of the everyday calls aborted the process
+(docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -24,75 +37,282 @@ import warnings
 
 from . import _lib
 
-_state: dict = {"installed": False, "attached": False, "oom_error": False}
+ROUTES = ("segments", "swap")
+
+#: What PyTorch cannot do on the ``swap`` route (its ``CUDAPluggableAllocator`` lacks it),
+#: measured with PyTorch 2.11; each raises ``RuntimeError: CUDAPluggableAllocator does not
+#: yet support ...``. The ``segments`` route has none of these limits.
+SWAP_UNSUPPORTED = (
+    "torch.cuda.memory_allocated / max_memory_allocated / memory_reserved / memory_stats / "
+    "memory_summary (use ump_alloc.stats() and ump_alloc.memory_summary())",
+    "torch.cuda.reset_peak_memory_stats (use ump_alloc.reset_peak())",
+    "torch.cuda.memory._record_memory_history and _snapshot",
+    "torch.backends.cudnn.benchmark = True (cuDNN's workspace query needs cacheInfo)",
+    'torch.compile(mode="reduce-overhead") (CUDA graph trees check their pool)',
+    "a torch.cuda.MemPool of your own with torch.cuda.use_mem_pool",
+    "sending CUDA tensors to other processes (torch.multiprocessing, CUDA IPC)",
+)
+
+_state: dict = {
+    "installed": False,
+    "route": None,
+    "reason": "",
+    "attached": False,
+    "oom_error": False,
+}
 
 
 class TooLateError(_lib.UmpError):
-    """PyTorch already made CUDA tensors with its own allocator."""
+    """PyTorch already made CUDA tensors with its own allocator (the ``swap`` route only)."""
 
 
-def install(fast_cpu: bool | None = None, unified: bool | None = None) -> None:
-    """Make ump-alloc PyTorch's CUDA allocator, attach its hooks, and set up the transfers
-    (``fast_cpu``/``unified``; None: ``UMP_ALLOC_TORCH_FAST_CPU``/``UMP_ALLOC_TORCH_UNIFIED``)."""
+def route_setting(route: str | None = None) -> str:
+    """The route asked for: ``route`` if given, else ``UMP_ALLOC_TORCH_ROUTE`` (default
+    ``segments``)."""
+    r = route if route is not None else os.environ.get("UMP_ALLOC_TORCH_ROUTE", "").strip() or "segments"
+    r = str(r).strip().lower()
+    if r not in ROUTES:
+        raise _lib.UmpError(
+            f"torch_route={route!r}: expected 'segments' or 'swap'" if route is not None
+            else f"UMP_ALLOC_TORCH_ROUTE={r!r}: expected segments or swap",
+            _lib.ERR_CONFIG,
+        )
+    return r
+
+
+def install(route: str | None = None, fast_cpu: bool | None = None, unified: bool | None = None) -> None:
+    """Give PyTorch ump-alloc memory on ``route`` (see the module's doc) and set up the
+    transfers (``fast_cpu``/``unified``; None: ``UMP_ALLOC_TORCH_FAST_CPU``/``UMP_ALLOC_TORCH_UNIFIED``)."""
     import torch
 
-    if _state["installed"]:
-        from . import _torch_transfer
+    from . import _torch_transfer
 
+    want = route_setting(route)
+    if _state["installed"]:
+        if want == "segments" and _state["route"] == "segments" and not _hooked():
+            _hook(torch)  # enable() after disable()
+        elif want != _state["route"] and not (want == "segments" and _state["route"] == "native"):
+            warnings.warn(
+                f"ump-alloc already runs PyTorch on the {_state['route']!r} route; torch_route={want!r} "
+                "is ignored (PyTorch's allocator can be chosen once per process)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         _torch_transfer.install(torch, fast_cpu=fast_cpu, unified=unified)
         return
-
     if not torch.cuda.is_available():
         raise _lib.UmpError("PyTorch sees no CUDA device", _lib.ERR_UNSUPPORTED)
+    if want == "segments":
+        why = _segments_unavailable(torch)
+        if why is None:
+            why = _hook(torch)
+        if why is None:
+            _state.update(
+                route="segments",
+                reason="PyTorch's caching allocator maps its segments from ump-alloc "
+                "(libc10_cuda's cudaMalloc/cudaFree)",
+            )
+        else:
+            _fall_back(torch, why)
+    else:
+        _swap(torch)
+        _state.update(route="swap", reason="UMP_ALLOC_TORCH_ROUTE=swap (or enable(torch_route='swap'))")
+    _state["installed"] = True
+    if _state["route"] == "segments":
+        _patch_empty_cache(torch)
+    _patch_ipc(torch)
+    _torch_transfer.install(torch, fast_cpu=fast_cpu, unified=unified)
+
+
+def uninstall() -> None:
+    """``disable()``: PyTorch's new segments come from CUDA again (the ``segments`` route;
+    segments it holds from ump-alloc still go back to ump-alloc). The ``swap`` route cannot be
+    undone."""
+    if _state["route"] == "segments":
+        _lib.check(_lib.lib().ump_torch_unhook_segments(), "ump_torch_unhook_segments")
+
+
+def _hooked() -> bool:
+    return bool(_lib.lib().ump_torch_segments_hooked())
+
+
+def _libdir(torch) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib")
+
+
+def _alloc_conf() -> str:
+    return ",".join(os.environ.get(v, "") for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
+
+
+def _segments_unavailable(torch) -> str | None:
+    """Why PyTorch's own allocator would not call cudaMalloc for its segments, or None."""
+    backend = getattr(torch.cuda.memory, "get_allocator_backend", lambda: "native")()
+    if backend != "native":
+        return f"PyTorch's CUDA allocator backend is {backend!r}, not its native caching allocator"
+    conf = _alloc_conf().replace(" ", "").lower()
+    if "expandable_segments:true" in conf:
+        return (
+            "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, with which PyTorch maps its own "
+            "memory through the driver's virtual-memory calls instead of cudaMalloc"
+        )
+    return None
+
+
+def _hook(torch) -> str | None:
+    """Hook libc10_cuda's cudaMalloc/cudaFree. Returns None, or why it could not."""
+    path = os.path.join(_libdir(torch), "libc10_cuda.so")
+    rc = _lib.lib().ump_torch_hook_segments(path.encode())
+    if rc != _lib.OK:
+        return _lib.last_error() or "ump_torch_hook_segments failed"
+    return None
+
+
+def _fall_back(torch, why: str) -> None:
+    """The segments route is not available: the swap route if PyTorch still accepts it, else
+    PyTorch's own memory, with a warning that says which and why."""
+    try:
+        _swap(torch)
+        route, effect = "swap", (
+            "ump-alloc replaces PyTorch's allocator instead (the swap route; these then raise: "
+            + "; ".join(SWAP_UNSUPPORTED)
+            + ")"
+        )
+    except TooLateError:
+        route, effect = "native", "PyTorch keeps its own CUDA memory (CUDA tensors exist already)"
+    _state.update(route=route, reason=f"segments route unavailable: {why}")
+    warnings.warn(
+        f"ump-alloc cannot supply PyTorch {torch.__version__}'s segments ({why}); {effect}. "
+        "Set UMP_ALLOC_TORCH_ROUTE=swap to choose that route explicitly, or report your PyTorch build.",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+
+
+def _swap(torch) -> None:
+    """The swap route: ump-alloc as PyTorch's CUDA allocator, with its hooks attached."""
     path = _lib.library_path()
     alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "ump_torch_malloc", "ump_torch_free")
     try:
         torch.cuda.memory.change_current_allocator(alloc)
     except RuntimeError as e:
         raise TooLateError(
-            "too late to switch PyTorch to ump-alloc: PyTorch's CUDA allocator is already in use "
-            "(a CUDA tensor was made before ump_alloc.enable()). Call ump_alloc.enable() before "
-            "the first CUDA tensor, or set UMP_ALLOC=1 in the environment. "
-            f"PyTorch said: {e}",
+            "too late to switch PyTorch to ump-alloc's allocator (the swap route): PyTorch's CUDA "
+            "allocator is already in use (a CUDA tensor was made before ump_alloc.enable()). Call "
+            "ump_alloc.enable() before the first CUDA tensor, set UMP_ALLOC=1 in the environment, or "
+            f"use the segments route (UMP_ALLOC_TORCH_ROUTE=segments). PyTorch said: {e}",
             _lib.ERR_LOCKED,
         ) from e
-    _state["installed"] = True
     _state["allocator"] = alloc
     _attach(torch)
-    from . import _torch_transfer
-
-    _torch_transfer.install(torch, fast_cpu=fast_cpu, unified=unified)
-
-
-def _libtorch_cuda(torch) -> str:
-    return os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "lib", "libtorch_cuda.so")
 
 
 def _attach(torch) -> None:
     """Give PyTorch's pluggable allocator its hooks and a real out-of-memory error."""
     oom = ctypes.c_int(-1)
-    rc = _lib.lib().ump_torch_attach(_libtorch_cuda(torch).encode(), ctypes.byref(oom))
+    lib_path = os.path.join(_libdir(torch), "libtorch_cuda.so")
+    rc = _lib.lib().ump_torch_attach(lib_path.encode(), ctypes.byref(oom))
     if rc != _lib.OK:
         warnings.warn(
             "ump-alloc could not attach to PyTorch's pluggable allocator "
             f"({_lib.last_error()}): tensor.record_stream() is ignored (a block used on a side "
             "stream may be reused while that stream still reads it: synchronise the side stream "
             "before freeing), torch.cuda.empty_cache() and set_per_process_memory_fraction() do "
-            "nothing, and an allocation failure makes a tensor at address 0. Use ump_alloc.trim() "
-            "and UMP_ALLOC_LIMIT instead, or report your PyTorch version.",
+            "nothing, and an allocation failure makes a tensor at address 0. Use the segments route "
+            "(UMP_ALLOC_TORCH_ROUTE=segments), or ump_alloc.trim() and UMP_ALLOC_LIMIT, or report "
+            "your PyTorch version.",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
         return
     _state["attached"] = True
     _state["oom_error"] = oom.value == 1
 
 
+_orig: dict = {}
+
+
+def _patch_empty_cache(torch) -> None:
+    """``torch.cuda.empty_cache()`` releases PyTorch's cached segments (to ump-alloc, on the
+    segments route); then ump-alloc gives back what it caches on the device side, so the memory
+    goes back to the driver as it does without ump-alloc."""
+    if "empty_cache" in _orig:
+        return
+    mem = torch.cuda.memory
+    original = mem.empty_cache
+
+    def empty_cache() -> None:
+        original()
+        _lib.lib().ump_torch_empty_cache()
+
+    empty_cache.__doc__ = original.__doc__
+    empty_cache.__wrapped__ = original
+    _orig["empty_cache"] = original
+    mem.empty_cache = empty_cache
+    if getattr(torch.cuda, "empty_cache", None) is original:
+        torch.cuda.empty_cache = empty_cache
+
+
+def _patch_ipc(torch) -> None:
+    """CUDA IPC (``torch.multiprocessing``, ``share_memory_``) of a tensor on memory CUDA IPC
+    cannot export (managed memory, the virtual-memory pool) fails with a message naming the
+    setting that makes it work, instead of ``CUDA error: invalid argument``."""
+    if "share_cuda" in _orig:
+        return
+    S = torch.UntypedStorage
+    original = S._share_cuda_
+
+    def _share_cuda_(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        except RuntimeError as e:
+            hint = ipc_hint(self.data_ptr())
+            if hint is None:
+                raise
+            raise RuntimeError(f"{hint} (PyTorch said: {str(e).splitlines()[0]})") from e
+
+    _orig["share_cuda"] = original
+    S._share_cuda_ = _share_cuda_
+
+
+def ipc_hint(ptr: int) -> str | None:
+    """Why CUDA IPC cannot export the ump-alloc memory at ``ptr``, with the fix; None when it is
+    not ump-alloc memory or can be exported."""
+    from . import identify
+
+    ident = identify(ptr)
+    if not ident.ours or ident.device < 0:
+        return None
+    if ident.kind == "device" and not _vmm_device_side():
+        return None
+    what = "virtual-memory pool" if ident.kind == "device" else f"{ident.kind} memory"
+    return (
+        f"CUDA IPC cannot share this tensor: it lives in ump-alloc's {what}, which CUDA IPC "
+        "cannot export. Start the sending process with UMP_ALLOC_DEVICE_SIDE=device and "
+        "UMP_ALLOC_DEVICE_VMM=0 (plain cudaMalloc-style device memory, which it shares), or "
+        "without ump-alloc for PyTorch"
+    )
+
+
+def _vmm_device_side() -> bool:
+    return os.environ.get("UMP_ALLOC_DEVICE_VMM", "").strip() != "0"
+
+
 def active() -> bool:
     return _state["installed"]
 
 
+def route() -> str | None:
+    """The route in force (``segments``, ``swap``, ``native`` after a fall-back), or None
+    before PyTorch was switched over."""
+    return _state["route"] if _state["installed"] else None
+
+
+def reason() -> str:
+    """Why the route in force was taken."""
+    return _state["reason"]
+
+
 def attached() -> bool:
-    """Whether PyTorch's allocator has ump-alloc's hooks (record_stream, empty_cache, the
-    memory fraction, out-of-memory errors)."""
+    """Whether PyTorch's allocator has ump-alloc's hooks (the swap route: record_stream,
+    empty_cache, the memory fraction, out-of-memory errors)."""
     return _state["attached"]

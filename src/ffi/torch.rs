@@ -1,19 +1,30 @@
-//! PyTorch's contract, through `torch.cuda.memory.CUDAPluggableAllocator(path, "ump_torch_malloc",
-//! "ump_torch_free")`. PyTorch passes the device and the current stream to both calls and does
-//! no caching of its own on top.
+//! PyTorch's contracts. Two routes:
 //!
-//! After `change_current_allocator`, `ump_torch_attach` gives PyTorch's pluggable allocator the
-//! hooks its native allocator has (`record_stream`, `empty_cache`, the memory fraction) and
-//! turns a failed allocation into `torch.OutOfMemoryError` instead of a tensor at address 0
-//! (see `crate::prim::torch`). The same operations are exported for C as
-//! `ump_torch_record_stream`, `ump_torch_empty_cache` and `ump_torch_set_memory_fraction`.
+//! - **Segments** (the default, `ump_torch_hook_segments`): PyTorch keeps its own caching
+//!   allocator, with all of its machinery (statistics, snapshots, `record_stream`,
+//!   `empty_cache`, CUDA graphs, its out-of-memory retry), and ump-alloc supplies the segments
+//!   it caches: the `cudaMalloc`/`cudaFree` import slots of `libc10_cuda.so` (see
+//!   `crate::prim::elf`) point at [`segment_malloc`] and [`segment_free`], which serve every
+//!   device, thread and stream from the device side's pools and hand anything else (a pointer
+//!   of PyTorch's own, a request ump-alloc cannot serve) to CUDA's own functions.
+//! - **Swap** (`torch.cuda.memory.change_current_allocator(CUDAPluggableAllocator(path,
+//!   "ump_torch_malloc", "ump_torch_free"))`): every tensor allocation calls ump-alloc, with the
+//!   device and the current stream, and PyTorch does no caching of its own on top. After
+//!   `change_current_allocator`, `ump_torch_attach` gives PyTorch's pluggable allocator the
+//!   hooks its native allocator has (`record_stream`, `empty_cache`, the memory fraction) and
+//!   turns a failed allocation into `torch.OutOfMemoryError` instead of a tensor at address 0
+//!   (see `crate::prim::torch`). The same operations are exported for C as
+//!   `ump_torch_record_stream`, `ump_torch_empty_cache` and `ump_torch_set_memory_fraction`.
 
 use super::{guard, status};
 use crate::allocator;
 use crate::error::{self, Error, ErrorClass, Status};
+use crate::prim::elf;
 use crate::prim::torch as cxx;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::ptr::null_mut;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Allocate `size` bytes for PyTorch on `device`, to be used on `stream` (a `cudaStream_t`;
 /// NULL is the legacy default stream). On failure returns NULL with a message in
@@ -164,5 +175,200 @@ pub unsafe extern "C" fn ump_torch_attach(
             unsafe { *oom_error = c_int::from(oom) };
         }
         Ok(())
+    })
+}
+
+// ---- the segments route ------------------------------------------------------------------
+
+/// `cudaError_t cudaMalloc(void **devPtr, size_t size)`.
+type CudaMalloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+/// `cudaError_t cudaFree(void *devPtr)`.
+type CudaFree = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+const CUDA_SUCCESS: c_int = 0;
+const CUDA_ERROR_INVALID_VALUE: c_int = 1;
+const CUDA_ERROR_MEMORY_ALLOCATION: c_int = 2;
+
+/// CUDA's own `cudaMalloc` / `cudaFree` (of the `libcudart` PyTorch links), for what
+/// ump-alloc does not serve. Set before the slots are swapped; never cleared.
+static REAL_MALLOC: AtomicUsize = AtomicUsize::new(0);
+static REAL_FREE: AtomicUsize = AtomicUsize::new(0);
+
+/// The hooked library's slots, while hooked (serialises hooking and unhooking).
+static SLOTS: Mutex<Option<Vec<elf::Slot>>> = Mutex::new(None);
+
+fn real_malloc() -> CudaMalloc {
+    // SAFETY: set to `libcudart`'s `cudaMalloc` before any slot points at `segment_malloc`.
+    unsafe { std::mem::transmute::<usize, CudaMalloc>(REAL_MALLOC.load(Ordering::Acquire)) }
+}
+
+fn real_free() -> CudaFree {
+    // SAFETY: set to `libcudart`'s `cudaFree` before any slot points at `segment_free`.
+    unsafe { std::mem::transmute::<usize, CudaFree>(REAL_FREE.load(Ordering::Acquire)) }
+}
+
+/// PyTorch's `cudaMalloc` on the segments route: a segment from the device side's pools on the
+/// current device. Out of memory (or `UMP_ALLOC_LIMIT`) returns `cudaErrorMemoryAllocation`, so
+/// PyTorch frees what it caches, tries again, and raises its own `torch.OutOfMemoryError`;
+/// a request ump-alloc does not serve goes to CUDA's `cudaMalloc`.
+unsafe extern "C" fn segment_malloc(out: *mut *mut c_void, size: usize) -> c_int {
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let r = guard(
+        "cudaMalloc (PyTorch segment)",
+        Err(()),
+        || match allocator::segment_malloc(size) {
+            Ok(Some(p)) => Ok(Some(p)),
+            Ok(None) => Ok(None),
+            Err(e) => {
+                let memory = matches!(e.class, ErrorClass::Oom | ErrorClass::Limit);
+                error::report(&e.context("cudaMalloc (PyTorch segment)"));
+                if memory { Err(()) } else { Ok(None) }
+            }
+        },
+    );
+    match r {
+        // SAFETY: `out` is PyTorch's valid out-pointer (checked non-NULL).
+        Ok(Some(p)) => unsafe {
+            *out = p as *mut c_void;
+            CUDA_SUCCESS
+        },
+        // SAFETY: CUDA's own function, with PyTorch's arguments.
+        Ok(None) => unsafe { real_malloc()(out, size) },
+        Err(()) => CUDA_ERROR_MEMORY_ALLOCATION,
+    }
+}
+
+/// PyTorch's `cudaFree` on the segments route: a segment of ours goes back to its pool after
+/// the device's queued work (as `cudaFree` waits); anything else (NULL, which initialises
+/// CUDA, and segments PyTorch made before the hook) goes to CUDA's `cudaFree`.
+unsafe extern "C" fn segment_free(ptr: *mut c_void) -> c_int {
+    if ptr.is_null() {
+        // SAFETY: CUDA's own function.
+        return unsafe { real_free()(ptr) };
+    }
+    let r = guard("cudaFree (PyTorch segment)", Err(()), || {
+        allocator::segment_free(ptr as usize).map_err(|e| {
+            error::report(&e.context("cudaFree (PyTorch segment)"));
+        })
+    });
+    match r {
+        Ok(true) => CUDA_SUCCESS,
+        // SAFETY: CUDA's own function, with PyTorch's argument.
+        Ok(false) => unsafe { real_free()(ptr) },
+        Err(()) => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+/// Supply PyTorch's segments (the default route): point the `cudaMalloc` and `cudaFree` import
+/// slots of `libc10_cuda` (the path of the `libc10_cuda.so` that `import torch` loaded; it is
+/// not loaded here) at ump-alloc, so that PyTorch's caching allocator maps every new segment
+/// from the device side's pools, on every device, thread and stream, and keeps all of its own
+/// machinery. Segments PyTorch made before stay its own and are freed through CUDA. Calling it
+/// again while hooked does nothing. Returns `UMP_OK`; `UMP_ERR_UNSUPPORTED` (with the reason
+/// in `ump_last_error()`, nothing changed) when that library is not loaded, does not import
+/// both functions through slots, or its CUDA runtime cannot be found; `UMP_ERR_NULL` for a
+/// NULL path.
+///
+/// # Safety
+/// `libc10_cuda` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> c_int {
+    status("ump_torch_hook_segments", || {
+        if libc10_cuda.is_null() {
+            return Err(Error::new(Status::UMP_ERR_NULL, "libc10_cuda is NULL"));
+        }
+        // SAFETY: a NUL-terminated string, per the contract.
+        let path = unsafe { CStr::from_ptr(libc10_cuda) }
+            .to_str()
+            .map_err(|_| Error::invalid("libc10_cuda is not UTF-8"))?;
+        let mut slots = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+        if slots.is_some() {
+            return Ok(());
+        }
+        allocator::init()?;
+        let imports = elf::imports(path, &["cudaMalloc", "cudaFree"])?;
+        let has = |n: &str| imports.slots.iter().any(|s| s.symbol == n);
+        if !has("cudaMalloc") || !has("cudaFree") {
+            return Err(Error::unsupported(format!(
+                "{} does not call cudaMalloc and cudaFree through import slots (a CUDA runtime \
+                 linked statically?)",
+                imports.path
+            )));
+        }
+        let resolve = |name: &str| {
+            imports
+                .needed
+                .iter()
+                .filter(|n| n.starts_with("libcudart"))
+                .find_map(|n| elf::resolve(n, name))
+        };
+        let (Some(m), Some(f)) = (resolve("cudaMalloc"), resolve("cudaFree")) else {
+            return Err(Error::unsupported(format!(
+                "the CUDA runtime {} links ({}) is not loaded or lacks cudaMalloc/cudaFree",
+                imports.path,
+                imports.needed.join(", ")
+            )));
+        };
+        REAL_MALLOC.store(m, Ordering::Release);
+        REAL_FREE.store(f, Ordering::Release);
+        // cudaFree first: from then on every segment of ours can be freed, whichever
+        // function made it.
+        let mut done = Vec::new();
+        let order = imports
+            .slots
+            .iter()
+            .filter(|s| s.symbol == "cudaFree")
+            .chain(imports.slots.iter().filter(|s| s.symbol == "cudaMalloc"));
+        for slot in order {
+            let hook = if slot.symbol == "cudaFree" {
+                segment_free as CudaFree as usize
+            } else {
+                segment_malloc as CudaMalloc as usize
+            };
+            // SAFETY: `hook` has the C signature of the function the slot imports and lives
+            // as long as this library (which is never unloaded: Python keeps it).
+            match unsafe { elf::swap(slot, hook) } {
+                Ok(_) => done.push(slot.clone()),
+                Err(e) => {
+                    for s in &done {
+                        let real = if s.symbol == "cudaFree" { f } else { m };
+                        // SAFETY: CUDA's own function back in its slot.
+                        let _ = unsafe { elf::swap(s, real) };
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        *slots = Some(done);
+        Ok(())
+    })
+}
+
+/// Stop supplying PyTorch's new segments (`ump_alloc.disable()`): `cudaMalloc` goes back to
+/// CUDA's; `cudaFree` stays ump-alloc's, so segments PyTorch still caches from ump-alloc go
+/// back to their pools when it frees them. Returns `UMP_OK` (also when not hooked).
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_torch_unhook_segments() -> c_int {
+    status("ump_torch_unhook_segments", || {
+        let mut slots = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = slots.take() {
+            let real = REAL_MALLOC.load(Ordering::Acquire);
+            for s in v.iter().filter(|s| s.symbol == "cudaMalloc") {
+                // SAFETY: CUDA's own cudaMalloc back in its slot.
+                unsafe { elf::swap(s, real) }?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// 1 while PyTorch's segments come from ump-alloc (`ump_torch_hook_segments` succeeded and
+/// `ump_torch_unhook_segments` was not called since), else 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_torch_segments_hooked() -> c_int {
+    guard("ump_torch_segments_hooked", 0, || {
+        c_int::from(SLOTS.lock().unwrap_or_else(|e| e.into_inner()).is_some())
     })
 }

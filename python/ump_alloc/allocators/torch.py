@@ -9,9 +9,13 @@ Usage (before the first CUDA tensor)::
     torch.cuda.memory.change_current_allocator(ump_torch_allocator)
     attach()  # record_stream, empty_cache, set_per_process_memory_fraction, OutOfMemoryError
 
-Without :func:`attach`, ``record_stream`` is ignored and a failed allocation gives a tensor at
-address 0: :func:`ump_alloc.enable` (``torch=True``) does both steps and sets up the fast
-transfers, and is the better choice unless a framework insists on setting the allocator.
+This is the *swap* route: ump-alloc replaces PyTorch's allocator, and the ``torch.cuda`` calls
+in ``ump_alloc._torch.SWAP_UNSUPPORTED`` (memory statistics, snapshots, ``cudnn.benchmark``,
+CUDA-graph pools, ``MemPool``, CUDA IPC) then raise. Without :func:`attach`,
+``record_stream`` is ignored and a failed allocation gives a tensor at address 0.
+:func:`ump_alloc.enable` (``torch=True``) takes the *segments* route instead by default (PyTorch
+keeps its own caching allocator, ump-alloc supplies its segments, and every ``torch.cuda``
+feature works), and is the better choice unless a framework insists on setting the allocator.
 """
 
 from __future__ import annotations
@@ -52,4 +56,4 @@ def attach() -> None:
             "(call torch.cuda.memory.change_current_allocator(ump_torch_allocator) first)",
             _lib.ERR_UNSUPPORTED,
         )
-    _torch._state["installed"] = True
+    _torch._state.update(installed=True, route="swap", reason="set by hand (ump_alloc.allocators.torch)")

@@ -1,0 +1,118 @@
+"""PyTorch on its two routes, against PyTorch without ump-alloc (GPU; skipped without one).
+Each check runs in a fresh interpreter; see torch_checks.py."""
+
+import json
+import os
+
+import pytest
+
+from conftest import GPU, run_python
+
+pytestmark = pytest.mark.gpu
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+ROUTES = {
+    "plain": {},
+    "segments": {"UMP_ALLOC": "1"},
+    "segments-device": {"UMP_ALLOC": "1", "UMP_ALLOC_MODE": "device"},
+    "swap": {"UMP_ALLOC": "1", "UMP_ALLOC_TORCH_ROUTE": "swap"},
+}
+
+
+def check(name, env):
+    r = run_python(
+        f"import sys; sys.path.insert(0, {HERE!r}); import torch_checks as t; t.{name}()",
+        env=env,
+        check=False,
+    )
+    print(r.stdout[-4000:])
+    assert r.returncode == 0 and "PASS" in r.stdout, f"{name} {env} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def matrices():
+    if not GPU:
+        pytest.skip("no GPU")
+    out = {}
+    for route, env in ROUTES.items():
+        r = check("compat_matrix", env)
+        line = next(l for l in r.stdout.splitlines() if l.startswith("MATRIX "))
+        out[route] = json.loads(line[len("MATRIX "):])
+    return out
+
+
+def _items():
+    import sys
+
+    sys.path.insert(0, HERE)
+    import torch_checks
+
+    return torch_checks.ITEMS
+
+
+def test_matrix_plain_pytorch_passes_everything(matrices):
+    m = matrices["plain"]
+    assert m["route"] == "plain"
+    bad = {k: v for k, v in m.items() if k in _items() and v != "ok"}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("route", ["segments", "segments-device"])
+def test_matrix_segments_route_does_everything_plain_does(matrices, route):
+    m = matrices[route]
+    assert m["route"] == "segments", m["route"]
+    assert m["tensor_is_ours"] is True
+    bad = {k: v for k, v in m.items() if k in _items() and matrices["plain"][k] == "ok" and v != "ok"}
+    assert not bad, bad
+
+
+def test_matrix_swap_route_lacks_exactly_what_the_docs_list(matrices):
+    m = matrices["swap"]
+    assert m["route"] == "swap" and m["tensor_is_ours"] is True
+    for name, (_, lacks) in _items().items():
+        if lacks:
+            assert m[name].startswith("FAIL") and "CUDAPluggableAllocator" in m[name], (name, m[name])
+        else:
+            assert m[name] == "ok", (name, m[name])
+
+
+def test_segments_identity_and_stats():
+    check("segments_identity_and_stats", ROUTES["segments"])
+
+
+@pytest.mark.parametrize("route", ["segments", "segments-device"])
+def test_segments_empty_cache(route):
+    check("segments_empty_cache", ROUTES[route])
+
+
+@pytest.mark.parametrize("route", ["segments", "segments-device"])
+def test_segments_out_of_memory(route):
+    check("segments_out_of_memory", {**ROUTES[route], "UMP_ALLOC_LIMIT": "1G"})
+
+
+def test_segments_late_enable_and_disable():
+    check("segments_late_enable_and_disable", {})
+
+
+@pytest.mark.parametrize("route", ["segments", "segments-device"])
+def test_segments_record_stream(route):
+    check("segments_record_stream", ROUTES[route])
+
+
+@pytest.mark.parametrize(
+    "env,expect",
+    [
+        ({}, "ok"),
+        (ROUTES["segments"], "refused"),
+        ({**ROUTES["segments-device"], "UMP_ALLOC_DEVICE_VMM": "0"}, "ok"),
+        (ROUTES["segments-device"], "refused"),
+    ],
+    ids=["plain", "managed", "device-cumemalloc", "device-vmm"],
+)
+def test_cuda_ipc(env, expect):
+    check("ipc", {**env, "EXPECT_IPC": expect})
+
+
+def test_oversubscription_refused():
+    check("oversubscription_refused", ROUTES["segments"])
