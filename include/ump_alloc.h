@@ -331,6 +331,19 @@ struct ump_scope_report {
 extern "C" {
 #endif // __cplusplus
 
+// Make `[ptr, ptr+size)` safe for the host to read and write, with no copy: wait for the work
+// queued on `stream` (a `CUstream`/`cudaStream_t`; NULL is the legacy default stream) and, for
+// managed ranges of `UMP_ALLOC_PREFETCH_MIN` bytes or more, prefetch them to the host first in
+// the same stream order. Without a GPU it only validates. Returns `UMP_OK`; `UMP_ERR_INVALID`
+// for device-only memory or a range past its block; `UMP_ERR_NULL`; `UMP_ERR_CUDA`.
+int ump_host_access(const void *ptr, size_t size, void *stream);
+
+// Make `[ptr, ptr+size)` ready for kernels on `device` queued on `stream`, in stream order and
+// with no host wait: managed ranges are prefetched to the device. Host writes made before the
+// call are seen by kernels queued after it. Returns `UMP_OK`; `UMP_ERR_INVALID` for memory
+// the device cannot reach on this machine; `UMP_ERR_UNSUPPORTED` without a GPU.
+int ump_device_access(const void *ptr, size_t size, int device, void *stream);
+
 // Allocate `size` bytes for CuPy on device `device_id`, from the memory the mode selects
 // (managed, registered, system or device), for use on the stream whose handle is `param`
 // (`cudaStream_t`; NULL: the legacy default stream; `UMP_CUPY_CURRENT_STREAM`: CuPy's current
@@ -497,19 +510,6 @@ int ump_capabilities(struct ump_capabilities *out);
 // # Safety
 // `out` is NULL or points to a writable `ump_identity` whose `size` field is set.
 int ump_identify(const void *ptr, struct ump_identity *out);
-
-// Make `[ptr, ptr+size)` safe for the host to read and write, with no copy: wait for the work
-// queued on `stream` (a `CUstream`/`cudaStream_t`; NULL is the legacy default stream) and, for
-// managed ranges of `UMP_ALLOC_PREFETCH_MIN` bytes or more, prefetch them to the host first in
-// the same stream order. Without a GPU it only validates. Returns `UMP_OK`; `UMP_ERR_INVALID`
-// for device-only memory or a range past its block; `UMP_ERR_NULL`; `UMP_ERR_CUDA`.
-int ump_host_access(const void *ptr, size_t size, void *stream);
-
-// Make `[ptr, ptr+size)` ready for kernels on `device` queued on `stream`, in stream order and
-// with no host wait: managed ranges are prefetched to the device. Host writes made before the
-// call are seen by kernels queued after it. Returns `UMP_OK`; `UMP_ERR_INVALID` for memory
-// the device cannot reach on this machine; `UMP_ERR_UNSUPPORTED` without a GPU.
-int ump_device_access(const void *ptr, size_t size, int device, void *stream);
 
 // Fill `out` with the allocator's counters (see `ump_stats`): bytes in use, mapped and
 // cached, with peaks, per kind and per device; allocation, free, cache hit and miss counts;

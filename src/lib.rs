@@ -11,7 +11,7 @@
 //! - [`mode`] and [`config`]: policy (which backing, which alignment), from capabilities and
 //!   `UMP_ALLOC_*` variables.
 //! - [`allocator`]: the process-wide state composing the above.
-//! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, query).
+//! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, query, scope, access).
 //! - [`fork`]: `pthread_atfork` handlers that keep every lock consistent across `fork()`.
 
 pub mod access;
