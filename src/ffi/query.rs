@@ -133,7 +133,7 @@ pub struct ump_identity {
     pub block_size: usize,
 }
 
-fn copy_cstr(dst: &mut [c_char], s: &str) {
+pub(crate) fn copy_cstr(dst: &mut [c_char], s: &str) {
     let n = s.len().min(dst.len() - 1);
     for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
         *d = *b as c_char;
