@@ -1836,11 +1836,9 @@ def transfer_choice_torch():
             big = torch.full((n + 2 * offset,), float("nan"), device="cuda")
         s.synchronize()
         x = big[offset : offset + n]
-        expect = torch.from_numpy(_host_hash(n, seed))
-        src = expect.cuda()  # on the default stream, then ordered behind a slow kernel on s
-        torch.cuda.synchronize()
-        _spin_torch(s, 20)
-        with torch.cuda.stream(s):
+        with torch.cuda.stream(s):  # everything on s: src is freed in s's order, after the copy
+            src = torch.from_numpy(_host_hash(n, seed)).cuda()
+            torch.cuda._sleep(int(20 * 1.5e6))  # the copy below lands ~20 ms later
             x.copy_(src)
         return x, s, n
 
