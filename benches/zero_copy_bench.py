@@ -206,6 +206,21 @@ def d2h(gib=1.0, rounds=7):
         "DMA copy into pinned memory (x.get(out=...))": lambda: x.get(out=pinned),
         "asnumpy(copy=False): view, background migration": lambda: ump_alloc.asnumpy(x, copy=False),
     }
+    rows = _rounds(variants, rounds, x, write, lambda h: float(h.max()), lambda top, r: top == r + 1023.0)
+    _print_rows(f"{gib:g} GiB float32 written by a kernel, then a host read of every element (h.max()); "
+                f"mode {ump_alloc.mode()}, {rounds} rounds", rows, base="DMA copy into pinned memory (x.get(out=...))")
+    return {"mode": ump_alloc.mode(), "bytes": n * 4, "plan": plan.reason, "rows": rows}
+
+
+def _rounds(variants, rounds, x, write, read, right):
+    """Time each variant round by round, alternating (round 0 warms every path up): `write`
+    (a kernel) fills `x` for the round, then the variant hands it to the host and `read(h)`
+    reads it there; timed from the end of the kernel to the end of the read, and
+    `right(read(h), round)` must hold."""
+    import cupy as cp
+
+    import ump_alloc
+
     times = {k: [] for k in variants}
     for r in range(rounds + 1):
         for name, fn in variants.items():
@@ -214,16 +229,13 @@ def d2h(gib=1.0, rounds=7):
             cp.cuda.Device().synchronize()
             t0 = time.perf_counter()
             h = fn()
-            top = float(h.max())  # the host reads every element
+            got = read(h)
             dt = time.perf_counter() - t0
-            assert top == r + 1023.0, (name, top)
-            if r:  # round 0 warms every path up
+            assert right(got, r), (name, r, got)
+            if r:
                 times[name].append(dt)
             del h
-    rows = {k: _stats(v) for k, v in times.items()}
-    _print_rows(f"{gib:g} GiB float32 written by a kernel, then a host read of every element (h.max()); "
-                f"mode {ump_alloc.mode()}, {rounds} rounds", rows, base="DMA copy into pinned memory (x.get(out=...))")
-    return {"mode": ump_alloc.mode(), "bytes": n * 4, "plan": plan.reason, "rows": rows}
+    return {k: _stats(v) for k, v in times.items()}
 
 
 def _to_device(ump_alloc, x):
@@ -274,22 +286,14 @@ def sparse(gib=1.0, rounds=5, fractions=(0.01, 0.05, 0.2, 0.5)):
             "asnumpy(copy=False), no hint (view + migration)": lambda: ump_alloc.asnumpy(x, copy=False),
             "DMA copy into pinned memory": lambda: x.get(out=pinned),
         }
-        times = {k: [] for k in variants}
-        for r in range(rounds + 1):
-            for name, fn in variants.items():
-                _to_device(ump_alloc, x)
-                write(np.float32(r), x)
-                cp.cuda.Device().synchronize()
-                t0 = time.perf_counter()
-                h = fn()
-                total = float(h[: n_pages * per_page].reshape(n_pages, per_page)[pages].sum(dtype=np.float64))
-                dt = time.perf_counter() - t0
-                want = (float(r) * per_page + 1023 * 1024 / 2) * len(pages)
-                assert abs(total - want) <= 1e-6 * want + 1, (name, total, want)
-                if r:
-                    times[name].append(dt)
-                del h
-        rows = {k: _stats(v) for k, v in times.items()}
+        def read(h, pages=pages):
+            return float(h[: n_pages * per_page].reshape(n_pages, per_page)[pages].sum(dtype=np.float64))
+
+        def right(total, r, k=len(pages)):
+            want = (float(r) * per_page + 1023 * 1024 / 2) * k
+            return abs(total - want) <= 1e-6 * want + 1
+
+        rows = _rounds(variants, rounds, x, write, read, right)
         label = f"{frac:.0%} of the pages, {'the first ones' if contiguous else 'at random'}"
         _print_rows(f"host reads {label} ({len(pages)} x 4 KiB) of {gib:g} GiB written by a kernel; "
                     f"{rounds} rounds", rows, base="DMA copy into pinned memory")

@@ -1688,7 +1688,7 @@ def _transfer_expect(ump_alloc, to, touch):
     return exp[0] if touch is None else exp[1]
 
 
-def _check_asnumpy_outcomes(ump_alloc, make, read_back, write_one, kind, sync_all):
+def _check_asnumpy_outcomes(ump_alloc, make, first_on_gpu, sync_all):
     """asnumpy in the four ways (default, sparse hint, copy=True, copy=False) of a GPU array
     written behind a slow kernel on a non-default stream, with a poisoned host destination:
     the plan's path is taken, the result holds exactly what the kernel wrote, a copy is
@@ -1699,7 +1699,7 @@ def _check_asnumpy_outcomes(ump_alloc, make, read_back, write_one, kind, sync_al
     for k, (touch, copy) in enumerate(((None, None), (0.01, None), (None, True), (None, False))):
         seed = seed0 + k
         x, s, n = make(seed)  # written on stream s behind a ~20 ms kernel; poisoned before
-        _poison_host(x.nbytes if kind == "cupy" else x.numel() * 4)
+        _poison_host(n * 4)
         plan = ump_alloc.transfer_plan(x, touch=touch)
         want = plan.path if copy is None else ("copy" if copy else "view")
         if copy is None:
@@ -1721,16 +1721,50 @@ def _check_asnumpy_outcomes(ump_alloc, make, read_back, write_one, kind, sync_al
         if got == "copy":
             assert h.base is None and h.flags.owndata
             assert ump_alloc.identify(h).ours, "the copy's destination is ump-alloc's host side"
-        write_one(h, -7.0)  # through the result: reaches the source only for a view
+        h[0] = -7.0  # through the result: reaches the source only for a view
         sync_all()
-        assert (read_back(x, 0) == -7.0) == (got == "view"), got
-        # Lifetime: the source may go; a view keeps it alive through .base, a copy owns its data.
+        assert (first_on_gpu(x) == -7.0) == (got == "view"), got
+        # Lifetime: the source may go; a view keeps it alive through .base (a new array of the
+        # same size would otherwise get its block and overwrite it), a copy owns its data.
         del x
         gc.collect()
+        reuse, _, _ = make(seed + 1000)
         sync_all()
         assert h[0] == -7.0 and not np.isnan(h).any()
         np.testing.assert_array_equal(h[1:], _host_hash(n, seed)[1:])
+        del reuse
         print(f"asnumpy touch={touch} copy={copy}: {got} ({plan.reason})")
+
+
+def _check_asarray_outcomes(ump_alloc, like, n, spin, s, double_on_s, seed0):
+    """asarray in the four ways of a NumPy array on ump-alloc's host side, with the stream busy
+    for ~20 ms: the plan's path is taken, and a host write made after the call (NaN) reaches a
+    view's kernels but never a copy's."""
+    for k, (touch, copy) in enumerate(((None, None), (0.01, None), (None, True), (None, False))):
+        expect = _host_hash(n, seed0 + k)
+        a = np.empty(n, np.float32)
+        a[:] = expect
+        plan = ump_alloc.transfer_plan(a, touch=touch)
+        if copy is None:
+            assert plan.path == _transfer_expect(ump_alloc, "device", touch), (ump_alloc.mode(), touch, plan)
+        if copy is False and not plan.view_possible:
+            try:
+                ump_alloc.asarray(a, like=like, stream=s, copy=False)
+                raise AssertionError("copy=False where the GPU cannot read the memory must raise")
+            except ValueError as e:
+                assert "no HMM/ATS" in str(e) and "copy=None" in str(e), e
+            continue
+        spin(20)
+        g = ump_alloc.asarray(a, like=like, stream=s, copy=copy, touch=touch)
+        got = "view" if ump_alloc.is_zero_copy(a, g) else "copy"
+        assert got == (plan.path if copy is None else ("copy" if copy else "view")), (ump_alloc.mode(), touch, copy, got)
+        a[:] = np.nan  # a host write after the call: reaches a view, never a copy
+        back = double_on_s(g)
+        if got == "copy":
+            np.testing.assert_array_equal(back, expect * 2)
+        else:
+            assert np.isnan(back).all(), "a view reads the host's latest writes"
+        print(f"asarray({like}) touch={touch} copy={copy}: {got} ({plan.reason})")
 
 
 def transfer_choice_cupy():
@@ -1745,7 +1779,6 @@ def transfer_choice_cupy():
     import ump_alloc
 
     ump_alloc.enable(torch=False)
-    mode = ump_alloc.mode()
     fill = cp.ElementwiseKernel("uint32 seed", "float32 y", _HASH, "ump_hash")
     s = cp.cuda.Stream(non_blocking=True)
     n = 48 * 2**20 // 4 + 17
@@ -1760,12 +1793,7 @@ def transfer_choice_cupy():
             fill(np.uint32(seed), x)
         return x, s, n
 
-    def write_one(h, v):
-        h[0] = v
-
-    _check_asnumpy_outcomes(
-        ump_alloc, make, lambda x, i: float(x[i].get(stream=s)), write_one, "cupy", cp.cuda.Device().synchronize
-    )
+    _check_asnumpy_outcomes(ump_alloc, make, lambda x: float(x[0].get(stream=s)), cp.cuda.Device().synchronize)
     # Control (D2H): a copy queued on another stream is not ordered after s's work.
     other = cp.cuda.Stream(non_blocking=True)
     x, _, _ = make(99)
@@ -1776,34 +1804,12 @@ def transfer_choice_cupy():
     print("control: a copy not ordered after the stream's work sees the poison: ok")
 
     # H2D: a NumPy array on ump-alloc's host side, read by a kernel queued on s after the call.
-    for k, (touch, copy) in enumerate(((None, None), (0.01, None), (None, True), (None, False))):
-        expect = _host_hash(n, 500 + k)
-        a = np.empty(n, np.float32)
-        a[:] = expect
-        plan = ump_alloc.transfer_plan(a, touch=touch)
-        if copy is None:
-            assert plan.path == _transfer_expect(ump_alloc, "device", touch), (mode, touch, plan)
-        if copy is False and not plan.view_possible:
-            try:
-                ump_alloc.asarray(a, like="cupy", stream=s, copy=False)
-                raise AssertionError("copy=False where the GPU cannot read the memory must raise")
-            except ValueError as e:
-                assert "no HMM/ATS" in str(e), e
-            continue
-        _spin(s, 20)
-        g = ump_alloc.asarray(a, like="cupy", stream=s, copy=copy, touch=touch)
-        got = "view" if ump_alloc.is_zero_copy(a, g) else "copy"
-        assert got == (plan.path if copy is None else ("copy" if copy else "view")), (mode, touch, copy, got)
-        a[:] = np.nan  # a host write after the call: reaches a view, never a copy
+    def double_on_s(g):
         with s:
             out = g * 2
-        back = cp.asnumpy(out, stream=s)
-        if got == "copy":
-            np.testing.assert_array_equal(back, expect * 2)
-            assert g.data.ptr != a.ctypes.data
-        else:
-            assert np.isnan(back).all(), "a view reads the host's latest writes"
-        print(f"asarray touch={touch} copy={copy}: {got} ({plan.reason})")
+        return cp.asnumpy(out, stream=s)
+
+    _check_asarray_outcomes(ump_alloc, "cupy", n, lambda ms: _spin(s, ms), s, double_on_s, 500)
     # Control (H2D): CuPy's own non-blocking copy of pinned memory, queued behind a slow kernel,
     # reads a host write made after it returned: the race ump-alloc's copy closes by waiting.
     if ump_alloc.identify(np.empty(n, np.float32)).kind == "registered":
@@ -1826,7 +1832,6 @@ def transfer_choice_torch():
     import ump_alloc
 
     ump_alloc.enable(cupy=False, torch=True)
-    mode = ump_alloc.mode()
     s = torch.cuda.Stream()
     n = 48 * 2**20 // 4 + 17
     offset = 4096 + 3  # elements: the tensor starts inside its block
@@ -1842,33 +1847,13 @@ def transfer_choice_torch():
             x.copy_(src)
         return x, s, n
 
-    def write_one(h, v):
-        h[0] = v
+    _check_asnumpy_outcomes(ump_alloc, make, lambda x: float(x[0].cpu()), torch.cuda.synchronize)
 
-    _check_asnumpy_outcomes(
-        ump_alloc, make, lambda x, i: float(x[i].cpu()), write_one, "torch", torch.cuda.synchronize
-    )
-    for k, (touch, copy) in enumerate(((None, None), (0.01, None), (None, True), (None, False))):
-        expect = _host_hash(n, 700 + k)
-        a = np.empty(n, np.float32)
-        a[:] = expect
-        plan = ump_alloc.transfer_plan(a, touch=touch)
-        if copy is None:
-            assert plan.path == _transfer_expect(ump_alloc, "device", touch), (mode, touch, plan)
-        if copy is False and not plan.view_possible:
-            continue
-        _spin_torch(s, 20)
-        t = ump_alloc.asarray(a, like="torch", stream=s, copy=copy, touch=touch)
-        got = "view" if ump_alloc.is_zero_copy(a, t) else "copy"
-        assert got == (plan.path if copy is None else ("copy" if copy else "view")), (mode, touch, copy, got)
-        a[:] = np.nan
+    def double_on_s(t):
         with torch.cuda.stream(s):
-            back = (t * 2).cpu().numpy()
-        if got == "copy":
-            np.testing.assert_array_equal(back, expect * 2)
-        else:
-            assert np.isnan(back).all(), "a view reads the host's latest writes"
-        print(f"asarray(torch) touch={touch} copy={copy}: {got}")
+            return (t * 2).cpu().numpy()
+
+    _check_asarray_outcomes(ump_alloc, "torch", n, lambda ms: _spin_torch(s, ms), s, double_on_s, 700)
 
 
 def _spin_torch(stream, ms):
