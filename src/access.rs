@@ -7,61 +7,7 @@ use crate::backing::Kind;
 use crate::error::{Error, Result};
 use crate::pool;
 use crate::prim::cuda;
-use crate::transfer::{self, Direction, Move};
-
-/// What the access rules need to know about a range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Region {
-    pub kind: Kind,
-    /// Device the memory belongs to (-1: host).
-    pub device: i32,
-    /// Managed memory (ours or foreign): it migrates, so prefetching pays.
-    pub managed: bool,
-    /// A block of ours (not foreign memory).
-    pub ours: bool,
-}
-
-/// Classify `[ptr, ptr+size)`. Our blocks must contain the whole range.
-pub fn region(ptr: usize, size: usize) -> Result<Region> {
-    let end = ptr
-        .checked_add(size)
-        .ok_or_else(|| Error::invalid(format!("range {ptr:#x} + {size} overflows")))?;
-    if let Some(b) = pool::lookup(ptr) {
-        if end > b.base + b.capacity {
-            return Err(Error::invalid(format!(
-                "range {ptr:#x} + {size} runs past the end of its block ({:#x} + {})",
-                b.base, b.capacity
-            )));
-        }
-        let kind = b.pool.kind();
-        return Ok(Region {
-            kind,
-            device: b.pool.device(),
-            managed: kind == Kind::UMP_KIND_MANAGED,
-            ours: true,
-        });
-    }
-    if let Some(pi) = cuda::pointer_info(ptr) {
-        let host = pi.is_managed || pi.memory_type == cuda::CU_MEMORYTYPE_HOST;
-        let kind = if host {
-            Kind::UMP_KIND_FOREIGN_CUDA
-        } else {
-            Kind::UMP_KIND_DEVICE
-        };
-        return Ok(Region {
-            kind,
-            device: pi.device,
-            managed: pi.is_managed,
-            ours: false,
-        });
-    }
-    Ok(Region {
-        kind: Kind::UMP_KIND_FOREIGN_HOST,
-        device: -1,
-        managed: false,
-        ours: false,
-    })
-}
+use crate::transfer::{self, Direction, Move, region};
 
 /// Make `[ptr, ptr+size)` safe for the host to read and write: wait for the work queued on
 /// `stream` (0: the legacy default stream). What happens to managed pages is the transfer
