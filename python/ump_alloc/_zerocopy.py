@@ -229,7 +229,9 @@ def _copy_to_device(a, like, dev, handle):
         return g
     import torch
 
-    src = a if a.flags.writeable and all(st >= 0 for st in a.strides) and a.dtype.isnative else a.copy()
+    if not (a.flags.writeable and all(st >= 0 for st in a.strides) and a.dtype.isnative):
+        a = np.array(a, dtype=a.dtype.newbyteorder("="), copy=True)  # what torch.from_numpy takes
+    src = a
     s = _torch_stream(torch, handle, dev)
     with torch.cuda.device(dev), torch.cuda.stream(s):
         g = torch.from_numpy(src).to(f"cuda:{dev}", copy=True)  # non_blocking=False: waits
