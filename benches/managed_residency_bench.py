@@ -7,8 +7,9 @@ reusing a block the host read costs. Each configuration runs in a fresh process.
 1. asnumpy + host read: a kernel writes 1 GiB of random uint64 on the managed device side
    (CuPy on ump-alloc, mode auto), then the host reads every element (a sum). Timed from the
    end of the kernel to the end of the read:
-   - view: ump_alloc.asnumpy(x), a NumPy view; its pages migrate in the background while the
-     host reads (ump-alloc's path);
+   - view: ump_alloc.asnumpy(x, copy=False), a NumPy view; its pages migrate in the
+     background while the host reads (ump-alloc's view; by default asnumpy copies here since
+     issue 22, see transfer_bench.py);
    - prefetch, then read: the range prefetched to the host and waited for first (the path
      before this change, through the driver directly);
    - fault: the view read with no prefetch at all;
@@ -68,7 +69,7 @@ def read_run(gib: float, rounds: int) -> dict:
             cp.cuda.Device().synchronize()
             t0 = time.perf_counter()
             if how == "view":
-                h = ump_alloc.asnumpy(x)
+                h = ump_alloc.asnumpy(x, copy=False)
             elif how == "copy into pinned":
                 h = cp.asnumpy(x)
             else:
@@ -96,7 +97,7 @@ def reuse_run(gib: float, rounds: int) -> dict:
         x = cp.empty(n, dtype=cp.int64)
         x.fill(7 + r)  # no other block of this size: the next one gets the same memory
         ptr = x.data.ptr
-        h = ump_alloc.asnumpy(x)
+        h = ump_alloc.asnumpy(x, copy=False)
         h += 1  # the host reads and writes it all: its pages are the host's now
         del h, x
         cp.cuda.Device().synchronize()

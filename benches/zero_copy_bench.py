@@ -4,9 +4,15 @@
     python benches/zero_copy_bench.py bandwidth     # elementwise kernel on ump memory vs cudaMalloc memory
     python benches/zero_copy_bench.py threshold     # host read of GPU-written managed memory: faults vs prefetch
     python benches/zero_copy_bench.py cupy_alloc    # CuPy alloc+free: ump-alloc vs CuPy's default pool
+    python benches/zero_copy_bench.py d2h           # 1 GiB D2H + full host read: asnumpy's choice vs a pinned copy vs a view
+    python benches/zero_copy_bench.py sparse        # host reads a fraction of 1 GiB: asnumpy(touch=) vs copies
+    python benches/zero_copy_bench.py h2d           # kernels read a fraction of pinned NumPy memory: asarray(touch=) vs copies
 
 Each prints a table; medians of several repetitions; the GPU writes fresh data before every
-measured transfer so that nothing is already on the host.
+measured transfer so that nothing is already on the host. d2h, sparse and h2d (issue 22) take
+--gib, --rounds and --json, alternate their variants round by round in one process, and print
+the median with the fastest and slowest round; benches/transfer_bench.py runs them with the
+pipeline, each in a fresh process.
 """
 
 import os
@@ -60,7 +66,7 @@ def transfer(reps=7):
     ump_alloc.enable(torch=False)
     um = cp.empty(n, cp.float32)
     mode = ump_alloc.mode()
-    timed(f"ump asnumpy, {mode} (zero-copy)", um, lambda: ump_alloc.asnumpy(um))
+    timed(f"ump asnumpy, {mode} (zero-copy)", um, lambda: ump_alloc.asnumpy(um, copy=False))
     print(f"1 GiB float32 written by a kernel before each run; median of {reps}; host read = h.max()")
     print(f"{'path':<34}{'kernel (ms)':>12}{'transfer (ms)':>15}{'GB/s':>9}{'end-to-end (ms)':>17}")
     for k, (tk, tx, te) in rows.items():
@@ -124,7 +130,7 @@ def threshold(reps=5):
             write(np.float32(r), x)
             cp.cuda.Device().synchronize()
             t0 = time.perf_counter()
-            h = ump_alloc.asnumpy(x)
+            h = ump_alloc.asnumpy(x, copy=False)
             s = float(h.sum(dtype=np.float64))
             ts.append(time.perf_counter() - t0)
             assert s == float(r) * n
@@ -155,15 +161,221 @@ def cupy_alloc(reps=200_000):
     print(f"ump-alloc:         {ump * 1e9:8.0f} ns   ratio {ump / default:.2f}")
 
 
+# ---- issue 22: the faster of a view and a DMA copy ----------------------------------------------
+
+
+def _stats(ts):
+    ts = sorted(ts)
+    return {"median_ms": _med(ts) * 1e3, "min_ms": ts[0] * 1e3, "max_ms": ts[-1] * 1e3, "runs_ms": [t * 1e3 for t in ts]}
+
+
+def _print_rows(title, rows, base=None):
+    print(title)
+    print(f"{'variant':<52}{'median (ms)':>12}{'fastest':>10}{'slowest':>10}{'vs ' + base if base else '':>16}")
+    for name, r in rows.items():
+        ratio = f"{rows[base]['median_ms'] / r['median_ms']:.2f}x" if base and base in rows else ""
+        print(f"{name:<52}{r['median_ms']:>12.1f}{r['min_ms']:>10.1f}{r['max_ms']:>10.1f}{ratio:>16}")
+
+
+def _kernel_write():
+    import cupy as cp
+
+    return cp.ElementwiseKernel("float32 v", "float32 y", "y = v + (float)(i & 1023)", "ump_w22")
+
+
+def d2h(gib=1.0, rounds=7):
+    """1 GiB of float32 written by a kernel (CuPy on ump-alloc's device side: managed memory
+    with the default sides), then brought to the host and read whole (h.max()): asnumpy as it
+    chooses (issue 22: a DMA copy here), a DMA copy into a pinned NumPy array made beforehand
+    (the issue's baseline), and asnumpy(copy=False) (the view: pages migrate in the background
+    while the host reads). Timed from the end of the kernel to the end of the read. Before each
+    kernel the array goes back to the device (ump_alloc.device_access: it also cancels a
+    background migration the previous view left running), so every variant starts alike."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    n = int(gib * 2**30) // 4
+    write = _kernel_write()
+    x = cp.empty(n, cp.float32)
+    pinned = np.empty(n, np.float32)  # ump-alloc's host side: pinned with the default sides
+    plan = ump_alloc.transfer_plan(x)
+    variants = {
+        f"asnumpy (its choice: {plan.path})": lambda: ump_alloc.asnumpy(x),
+        "DMA copy into pinned memory (x.get(out=...))": lambda: x.get(out=pinned),
+        "asnumpy(copy=False): view, background migration": lambda: ump_alloc.asnumpy(x, copy=False),
+    }
+    rows = _rounds(variants, rounds, x, write, lambda h: float(h.max()), lambda top, r: top == r + 1023.0)
+    _print_rows(f"{gib:g} GiB float32 written by a kernel, then a host read of every element (h.max()); "
+                f"mode {ump_alloc.mode()}, {rounds} rounds", rows, base="DMA copy into pinned memory (x.get(out=...))")
+    return {"mode": ump_alloc.mode(), "bytes": n * 4, "plan": plan.reason, "rows": rows}
+
+
+def _rounds(variants, rounds, x, write, read, right):
+    """Time each variant round by round, alternating (round 0 warms every path up): `write`
+    (a kernel) fills `x` for the round, then the variant hands it to the host and `read(h)`
+    reads it there; timed from the end of the kernel to the end of the read, and
+    `right(read(h), round)` must hold."""
+    import cupy as cp
+
+    import ump_alloc
+
+    times = {k: [] for k in variants}
+    for r in range(rounds + 1):
+        for name, fn in variants.items():
+            _to_device(ump_alloc, x)
+            write(np.float32(r), x)
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            h = fn()
+            got = read(h)
+            dt = time.perf_counter() - t0
+            assert right(got, r), (name, r, got)
+            if r:
+                times[name].append(dt)
+            del h
+    return {k: _stats(v) for k, v in times.items()}
+
+
+def _to_device(ump_alloc, x):
+    """Managed pages back on the device (and any background migration over them cancelled),
+    in the current stream's order: every variant starts from the same state."""
+    import cupy as cp
+
+    ident = ump_alloc.identify(x)
+    if ident.kind == "managed":
+        ump_alloc.device_access(x, device=ident.device, stream=cp.cuda.get_current_stream())
+
+
+def _pages(n_pages, frac, rng, contiguous):
+    k = max(1, int(round(n_pages * frac)))
+    if contiguous:
+        return np.arange(k)
+    return np.sort(rng.choice(n_pages, size=k, replace=False))
+
+
+def sparse(gib=1.0, rounds=5, fractions=(0.01, 0.05, 0.2, 0.5)):
+    """A kernel writes 1 GiB of float32; the host then reads a fraction of it: whole 4 KiB
+    pages picked at random (and, for 1 %, the first 1 % as one slice). Variants: asnumpy with
+    the reader's hint (touch=fraction: a view that migrates nothing, the touched pages fault
+    over, up to the plan's threshold), asnumpy with no hint (a DMA copy of everything),
+    asnumpy(copy=False) with no hint (a view that migrates everything in the background), and a
+    DMA copy into a pinned array made beforehand. The host read is NumPy fancy indexing of the
+    touched pages plus a sum. Each kernel starts with the array on the device (see d2h)."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    n = int(gib * 2**30) // 4
+    per_page = 1024
+    n_pages = n // per_page
+    write = _kernel_write()
+    x = cp.empty(n, cp.float32)
+    pinned = np.empty(n, np.float32)
+    rng = np.random.default_rng(22)
+    out = {"mode": ump_alloc.mode(), "bytes": n * 4, "cases": {}}
+    cases = [(f, False) for f in fractions] + [(fractions[0], True)]
+    for frac, contiguous in cases:
+        pages = _pages(n_pages, frac, rng, contiguous)
+        plan = ump_alloc.transfer_plan(x, touch=frac)
+        variants = {
+            f"asnumpy(touch={frac:g}) ({plan.path})": lambda: ump_alloc.asnumpy(x, touch=frac),
+            "asnumpy, no hint (copy)": lambda: ump_alloc.asnumpy(x),
+            "asnumpy(copy=False), no hint (view + migration)": lambda: ump_alloc.asnumpy(x, copy=False),
+            "DMA copy into pinned memory": lambda: x.get(out=pinned),
+        }
+        def read(h, pages=pages):
+            return float(h[: n_pages * per_page].reshape(n_pages, per_page)[pages].sum(dtype=np.float64))
+
+        def right(total, r, k=len(pages)):
+            want = (float(r) * per_page + 1023 * 1024 / 2) * k
+            return abs(total - want) <= 1e-6 * want + 1
+
+        rows = _rounds(variants, rounds, x, write, read, right)
+        label = f"{frac:.0%} of the pages, {'the first ones' if contiguous else 'at random'}"
+        _print_rows(f"host reads {label} ({len(pages)} x 4 KiB) of {gib:g} GiB written by a kernel; "
+                    f"{rounds} rounds", rows, base="DMA copy into pinned memory")
+        out["cases"][label] = {"touch": frac, "plan": plan.path, "rows": rows}
+    return out
+
+
+def h2d(gib=1.0, rounds=5, fractions=(0.01, 0.1, 0.4, 1.0, 3.0)):
+    """A NumPy array of 1 GiB (ump-alloc's host side: pinned with the default sides) goes to the
+    GPU and a kernel reads a fraction of it: whole 4 KiB pages picked at random (fancy indexing
+    of the touched pages, then a sum), or, for a fraction above 1, every element that many
+    times. Variants: asarray with the hint (touch=fraction: a view where the plan says so),
+    asarray(copy=True) (a DMA copy, then the kernels), asarray(copy=False) (a view: kernels
+    read over PCIe). Timed from the call to the end of the kernels."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    n = int(gib * 2**30) // 4
+    per_page = 1024
+    n_pages = n // per_page
+    a = np.empty(n, np.float32)
+    a[:] = 1.0
+    rng = np.random.default_rng(23)
+    out = {"mode": ump_alloc.mode(), "host_kind": ump_alloc.identify(a).kind, "bytes": n * 4, "cases": {}}
+    for frac in fractions:
+        passes = max(1, int(frac)) if frac >= 1 else 1
+        pages = cp.asarray(_pages(n_pages, min(frac, 1.0), rng, False))
+        plan = ump_alloc.transfer_plan(a, touch=frac)
+
+        def kernels(g):
+            total = 0.0
+            for _ in range(passes):
+                total += float(g[: n_pages * per_page].reshape(n_pages, per_page)[pages].sum(dtype=cp.float64))
+            return total
+
+        variants = {
+            f"asarray(touch={frac:g}) ({plan.path})": lambda: ump_alloc.asarray(a, like="cupy", touch=frac),
+            "asarray(copy=True): DMA copy": lambda: ump_alloc.asarray(a, like="cupy", copy=True),
+            "asarray(copy=False): view over PCIe": lambda: ump_alloc.asarray(a, like="cupy", copy=False),
+        }
+        times = {k: [] for k in variants}
+        for r in range(rounds + 1):
+            for name, fn in variants.items():
+                cp.cuda.Device().synchronize()
+                t0 = time.perf_counter()
+                total = kernels(fn())
+                dt = time.perf_counter() - t0
+                assert total == float(per_page * len(pages) * passes), (name, total)
+                if r:
+                    times[name].append(dt)
+        rows = {k: _stats(v) for k, v in times.items()}
+        _print_rows(f"kernels read {frac:g} of a {gib:g} GiB NumPy array ({out['host_kind']}); {rounds} rounds", rows,
+                    base="asarray(copy=True): DMA copy")
+        out["cases"][f"{frac:g}"] = {"touch": frac, "plan": plan.path, "rows": rows}
+    return out
+
+
 if __name__ == "__main__":
     import argparse
+    import json
 
     import _benchutil
 
-    commands = {"transfer": transfer, "bandwidth": bandwidth, "threshold": threshold, "cupy_alloc": cupy_alloc}
+    commands = {"transfer": transfer, "bandwidth": bandwidth, "threshold": threshold, "cupy_alloc": cupy_alloc,
+                "d2h": d2h, "sparse": sparse, "h2d": h2d}
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=sorted(commands))
+    ap.add_argument("--gib", type=float, default=1.0, help="array size (d2h, sparse, h2d)")
+    ap.add_argument("--rounds", type=int, default=None, help="timed rounds per variant (d2h, sparse, h2d)")
+    ap.add_argument("--json", default=None, help="write the results there (d2h, sparse, h2d)")
     args = ap.parse_args()
     _benchutil.gpu_or_skip("cupy")
     print(f"running {args.command} ...", file=sys.stderr, flush=True)
-    commands[args.command]()
+    if args.command in ("d2h", "sparse", "h2d"):
+        kw = {"gib": args.gib}
+        if args.rounds is not None:
+            kw["rounds"] = args.rounds
+        result = commands[args.command](**kw)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+    else:
+        commands[args.command]()

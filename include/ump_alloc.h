@@ -9,6 +9,9 @@
 #include <stdint.h>
 #include <stdbool.h>
 
+// Version of `ump_transfer_facts` and `ump_transfer_plan`.
+#define UMP_TRANSFER_VERSION 1
+
 // The `param` of a CuPy `CFunctionAllocator` whose blocks are made for CuPy's current stream
 // and freed into that stream's pool (needs `ump_cupy_fast_path_init`). `(void *)-2`.
 #define UMP_CUPY_CURRENT_STREAM -2
@@ -36,6 +39,25 @@
 // reserved and the largest free block, per device and for the host side, and the host side's
 // reallocs with and without a copy).
 #define UMP_STATS_VERSION 3
+
+// The two ways to hand data to the other side.
+enum ump_path {
+  // The same memory, after a stream synchronisation (to the host) or a stream-ordered
+  // prefetch (to a device).
+  UMP_PATH_VIEW = 0,
+  // A stream-ordered DMA copy into the other side's memory.
+  UMP_PATH_COPY = 1,
+};
+
+// What a view does to managed pages.
+enum ump_move {
+  // Nothing: the pages the reader touches fault over (or the memory does not migrate).
+  UMP_MOVE_NONE = 0,
+  // A prefetch in the stream's order.
+  UMP_MOVE_PREFETCH = 1,
+  // To the host, after the stream's work: migrated in the background while the host reads.
+  UMP_MOVE_BACKGROUND = 2,
+};
 
 // The pair of sides in force, as a C value: a preset, or `UMP_MODE_CUSTOM`.
 enum ump_mode {
@@ -102,6 +124,77 @@ enum ump_status {
   UMP_ERR_CUDA = 8,
   // An internal error (a caught panic). The library stays usable.
   UMP_ERR_INTERNAL = 9,
+};
+
+// Which way a transfer goes.
+enum ump_direction {
+  // To the host: a host view or copy of GPU data (`asnumpy`, `ump_host_access`).
+  UMP_TO_HOST = 0,
+  // To a device: a GPU view or copy of host data (`asarray`, `ump_device_access`).
+  UMP_TO_DEVICE = 1,
+};
+
+// The memory a transfer's data is in.
+enum ump_memory {
+  // Host memory a GPU reaches only with HMM/ATS (malloc, NumPy's allocator, kinds host and
+  // system).
+  UMP_MEMORY_PAGEABLE = 0,
+  // Page-locked host memory mapped for the GPU (kind registered, cudaHostAlloc).
+  UMP_MEMORY_PINNED = 1,
+  // CUDA managed memory: its pages migrate.
+  UMP_MEMORY_MANAGED = 2,
+  // Device memory: the host cannot reach it.
+  UMP_MEMORY_DEVICE = 3,
+};
+
+// Where a transfer's data is resident, as far as known.
+enum ump_resident {
+  // Not known: taken to be the side the data comes from.
+  UMP_RESIDENT_UNKNOWN = 0,
+  // In host memory.
+  UMP_RESIDENT_HOST = 1,
+  // In device memory.
+  UMP_RESIDENT_DEVICE = 2,
+};
+
+// What is known about a transfer: `ump_plan_transfer` fills it for an address,
+// `ump_decide_transfer` takes it from the caller. Versioned: set `size` to
+// `sizeof(struct ump_transfer_facts)` (0 means "the current size").
+struct ump_transfer_facts {
+  // In: bytes the caller provides (0: the current size). Out: bytes written.
+  uint32_t size;
+  // Out: `UMP_TRANSFER_VERSION`.
+  uint32_t version;
+  // An `enum ump_direction`.
+  int32_t direction;
+  // An `enum ump_memory`.
+  int32_t memory;
+  // An `enum ump_resident`.
+  int32_t resident;
+  // 1: the machine is coherent (the GPU reads pageable memory: HMM or ATS); 0: not.
+  int32_t coherent;
+  // Bytes the transfer covers.
+  uint64_t bytes;
+  // Bytes the reader will touch, as a fraction of `bytes` (1: all of it once; 0.01: a
+  // hundredth; 3: three passes). Finite, 0 or more.
+  double touch;
+};
+
+// The faster of a view and a copy, and why (`ump_plan_transfer`, `ump_decide_transfer`).
+// Versioned like `ump_transfer_facts`.
+struct ump_transfer_plan {
+  // In: bytes the caller provides (0: the current size). Out: bytes written.
+  uint32_t size;
+  // Out: `UMP_TRANSFER_VERSION`.
+  uint32_t version;
+  // The faster path.
+  enum ump_path path;
+  // What a view does to managed pages (when a view is made, chosen or asked for).
+  enum ump_move view_move;
+  // Whether a view is possible at all; when false a copy is the only way.
+  bool view_possible;
+  // Why, NUL-terminated.
+  char reason[192];
 };
 
 // Capabilities of one device.
@@ -331,6 +424,65 @@ struct ump_scope_report {
 extern "C" {
 #endif // __cplusplus
 
+// Plan the transfer of `[ptr, ptr+size)` in `direction` (an `enum ump_direction`): whether a
+// view of the same memory or a stream-ordered DMA copy into the other side's memory is faster
+// for a reader that touches `touch` of it (a fraction: 1 reads all of it once; 0.01 a
+// hundredth; more than 1, several passes). `device`: the GPU that reads it (to a device), or
+// that the data comes from when the memory does not say (to the host; -1: the memory's own).
+// Fills `*plan`, and `*facts` (what the plan was made from) unless `facts` is NULL. Decides
+// only; `ump_host_access_ex` / `ump_device_access_ex` make a view, the caller makes a copy.
+// Returns `UMP_OK`; `UMP_ERR_NULL` (`plan` NULL, or `ptr` NULL with a size);
+// `UMP_ERR_INVALID` for a bad direction or touch, or a range past the end of its block.
+// Outputs are written only on success.
+//
+// # Safety
+// `plan` is NULL or points to a writable `ump_transfer_plan` whose `size` field is set; so is
+// `facts` (a `ump_transfer_facts`), or it is NULL.
+int ump_plan_transfer(const void *ptr,
+                      size_t size,
+                      int direction,
+                      int device,
+                      double touch,
+                      struct ump_transfer_facts *facts,
+                      struct ump_transfer_plan *plan);
+
+// The decision of `ump_plan_transfer` for facts the caller gives (`*facts`, every field set;
+// `size` 0 or the whole struct): a pure function, for tools and tests, and to see what
+// another machine kind would do (`coherent`). Returns `UMP_OK`; `UMP_ERR_NULL`;
+// `UMP_ERR_INVALID` for a value outside its enum, a `touch` that is not a finite fraction of
+// 0 or more, or a struct too small. `*plan` is written only on success.
+//
+// # Safety
+// `facts` is NULL or points to a readable `ump_transfer_facts`; `plan` is NULL or points to a
+// writable `ump_transfer_plan` whose `size` field is set.
+int ump_decide_transfer(const struct ump_transfer_facts *facts, struct ump_transfer_plan *plan);
+
+// Make `[ptr, ptr+size)` safe for the host to read and write, with no copy: wait for the work
+// queued on `stream` (a `CUstream`/`cudaStream_t`; NULL is the legacy default stream). Managed
+// ranges are moved as `ump_plan_transfer`'s `view_move` says for a reader of all of them:
+// from `UMP_ALLOC_PREFETCH_MIN` bytes prefetched to the host before the wait, from 8 MiB
+// migrated in the background after it while the host reads. Without a GPU it only
+// validates. Returns `UMP_OK`; `UMP_ERR_INVALID` for device-only memory or a range past its
+// block; `UMP_ERR_NULL`; `UMP_ERR_CUDA`.
+int ump_host_access(const void *ptr, size_t size, void *stream);
+
+// `ump_host_access` for a host that will touch `touch` of the range (a fraction, as in
+// `ump_plan_transfer`): a sparse reader's managed pages are not migrated (the ones it touches
+// fault over). `UMP_ERR_INVALID` also for a `touch` that is not a finite number, 0 or more.
+int ump_host_access_ex(const void *ptr, size_t size, void *stream, double touch);
+
+// Make `[ptr, ptr+size)` ready for kernels on `device` queued on `stream`, in stream order and
+// with no host wait: managed ranges are prefetched to the device. Host writes made before the
+// call are seen by kernels queued after it. Returns `UMP_OK`; `UMP_ERR_INVALID` for memory
+// the device cannot reach on this machine; `UMP_ERR_UNSUPPORTED` without a GPU.
+int ump_device_access(const void *ptr, size_t size, int device, void *stream);
+
+// `ump_device_access` for kernels that will touch `touch` of the range (a fraction, as in
+// `ump_plan_transfer`): managed ranges they touch little of are not prefetched (the pages
+// they touch fault over). `UMP_ERR_INVALID` also for a `touch` that is not a finite number,
+// 0 or more.
+int ump_device_access_ex(const void *ptr, size_t size, int device, void *stream, double touch);
+
 // Allocate `size` bytes for CuPy on device `device_id`, from the memory the mode selects
 // (managed, registered, system or device), for use on the stream whose handle is `param`
 // (`cudaStream_t`; NULL: the legacy default stream; `UMP_CUPY_CURRENT_STREAM`: CuPy's current
@@ -497,19 +649,6 @@ int ump_capabilities(struct ump_capabilities *out);
 // # Safety
 // `out` is NULL or points to a writable `ump_identity` whose `size` field is set.
 int ump_identify(const void *ptr, struct ump_identity *out);
-
-// Make `[ptr, ptr+size)` safe for the host to read and write, with no copy: wait for the work
-// queued on `stream` (a `CUstream`/`cudaStream_t`; NULL is the legacy default stream) and, for
-// managed ranges of `UMP_ALLOC_PREFETCH_MIN` bytes or more, prefetch them to the host first in
-// the same stream order. Without a GPU it only validates. Returns `UMP_OK`; `UMP_ERR_INVALID`
-// for device-only memory or a range past its block; `UMP_ERR_NULL`; `UMP_ERR_CUDA`.
-int ump_host_access(const void *ptr, size_t size, void *stream);
-
-// Make `[ptr, ptr+size)` ready for kernels on `device` queued on `stream`, in stream order and
-// with no host wait: managed ranges are prefetched to the device. Host writes made before the
-// call are seen by kernels queued after it. Returns `UMP_OK`; `UMP_ERR_INVALID` for memory
-// the device cannot reach on this machine; `UMP_ERR_UNSUPPORTED` without a GPU.
-int ump_device_access(const void *ptr, size_t size, int device, void *stream);
 
 // Fill `out` with the allocator's counters (see `ump_stats`): bytes in use, mapped and
 // cached, with peaks, per kind and per device; allocation, free, cache hit and miss counts;

@@ -461,7 +461,7 @@ def stream_correctness():
         _spin(s, 20)  # the write below lands ~20 ms later
         with s:
             fill(np.uint32(it * 7919), x)
-        h = ump_alloc.asnumpy(x, stream=s)
+        h = ump_alloc.asnumpy(x, stream=s, copy=False)  # the view (the copy: transfer_choice_cupy)
         assert isinstance(h.base, ump_alloc.ZeroCopyBuffer) and ump_alloc.is_zero_copy(h, x)
         expect = _host_hash(n, it * 7919)
         assert not np.isnan(h).any(), f"iteration {it}: the view saw poison (stream not synchronised)"
@@ -469,7 +469,7 @@ def stream_correctness():
         # Reverse: host writes, then asarray orders them before the next kernel on s.
         a = np.empty(n, np.float32)
         a[:] = expect[::-1]
-        g = ump_alloc.asarray(a, like="cupy", stream=s)
+        g = ump_alloc.asarray(a, like="cupy", stream=s, copy=False)
         assert ump_alloc.is_zero_copy(a, g)
         with s:
             out = g * 2
@@ -495,11 +495,11 @@ def asnumpy_paths():
     g = cp.random.standard_normal((300, 200), dtype=cp.float64)
     ref = cp.asnumpy(g)
     for view in (g, g.T, g[::3, 5:], g[::-1, ::-2]):
-        h = ump_alloc.asnumpy(view)
+        h = ump_alloc.asnumpy(view, copy=False)
         assert ump_alloc.is_zero_copy(h, g) and isinstance(h.base, ump_alloc.ZeroCopyBuffer)
         assert h.shape == view.shape and h.strides == view.strides and h.dtype == view.dtype
         np.testing.assert_array_equal(h, cp.asnumpy(view))
-    h = ump_alloc.asnumpy(g)
+    h = ump_alloc.asnumpy(g, copy=False)
     del g
     gc.collect()
     cp.get_default_memory_pool().free_all_blocks()
@@ -516,7 +516,7 @@ def asnumpy_paths():
     assert not ump_alloc.is_zero_copy(c, plain) and c.tolist() == list(range(10))
     # torch tensors on ump memory.
     t = torch.arange(1000, dtype=torch.float32, device="cuda").reshape(10, 100)
-    ht = ump_alloc.asnumpy(t.t())
+    ht = ump_alloc.asnumpy(t.t(), copy=False)
     assert ump_alloc.is_zero_copy(ht, t) and ht.shape == (100, 10)
     np.testing.assert_array_equal(ht, t.t().cpu().numpy())
     del junk
@@ -531,27 +531,32 @@ def asarray_paths():
     ump_alloc.enable(torch=True)
     rng = np.random.default_rng(9)
     a = rng.standard_normal((400, 300)).astype(np.float32)
-    g = ump_alloc.asarray(a, like="cupy")
+    g = ump_alloc.asarray(a, like="cupy", copy=False)
     assert ump_alloc.is_zero_copy(a, g) and g.shape == a.shape
     np.testing.assert_array_equal(cp.asnumpy(g), a)
-    gs = ump_alloc.asarray(a[::2, ::-3], like="cupy")
+    gs = ump_alloc.asarray(a[::2, ::-3], like="cupy", copy=False)
     assert ump_alloc.is_zero_copy(a, gs)
     np.testing.assert_array_equal(cp.asnumpy(gs), a[::2, ::-3])
     g *= 2  # GPU write, visible to the host after a sync
     cp.cuda.get_current_stream().synchronize()
     assert np.allclose(a[0, :5], cp.asnumpy(g[0, :5]))
-    t = ump_alloc.asarray(a, like="torch")
+    t = ump_alloc.asarray(a, like="torch", copy=False)
     assert t.data_ptr() == a.ctypes.data and t.is_cuda
     t.add_(1)
     torch.cuda.synchronize()
     np.testing.assert_array_equal(a, cp.asnumpy(g))
     ro = a.copy()
     ro.flags.writeable = False
-    c = ump_alloc.asarray(ro, like="cupy")
+    c = ump_alloc.asarray(ro, like="cupy", touch=0.01)
     assert not ump_alloc.is_zero_copy(ro, c)  # a GPU view could not keep it read-only
+    try:
+        ump_alloc.asarray(ro, like="cupy", copy=False)
+        raise AssertionError("copy=False on a read-only array must raise")
+    except ValueError as e:
+        assert "read-only" in str(e), e
     raw = np.zeros(4001, np.uint8)
     mis = raw[1:].view(np.float32)  # address not aligned to 4
-    cm = ump_alloc.asarray(mis, like="cupy")
+    cm = ump_alloc.asarray(mis, like="cupy", touch=0.01)
     assert not ump_alloc.is_zero_copy(mis, cm)
     assert ump_alloc.asarray(np.empty((0, 5)), like="cupy").shape == (0, 5)
     ump_alloc.disable()
@@ -812,7 +817,7 @@ def pinned_cap_fallback():
     for a in arrays:
         g = cp.asarray(a)                          # a copy either way
         np.testing.assert_array_equal(cp.asnumpy(g), a)
-        v = ump_alloc.asarray(a, like="cupy")      # zero-copy only where the GPU can reach it
+        v = ump_alloc.asarray(a, like="cupy", touch=0.01)  # a view only where the GPU reaches it
         assert ump_alloc.is_zero_copy(a, v) == (ump_alloc.identify(a).kind == "registered")
         np.testing.assert_array_equal(cp.asnumpy(v * 2), a * 2)
     # The warning came once.
@@ -1637,7 +1642,7 @@ def managed_residency():
         n = (64 + 32 * (it % 3)) * mib // 4
         x = _rand_u32(cp, n, rng_seed + it)
         ref = cp.asnumpy(x)  # a DMA copy: the expected values
-        h = ump_alloc.asnumpy(x)
+        h = ump_alloc.asnumpy(x, copy=False)
         assert isinstance(h.base, ump_alloc.ZeroCopyBuffer), "a view, not a copy"
         if it % 2:
             del h, x  # freed while the background migration may still run
@@ -1658,3 +1663,202 @@ def managed_residency():
     else:
         assert d1 == d0, (d0, d1)
     print(f"managed discard {'on' if on else 'off (control)'}: {(d1 - d0) >> 20} MiB discarded over 12 rounds")
+
+
+# ---- issue 22: explicit transfers pick the faster of a view and a DMA copy ---------------------
+
+# The plan each mode's memory must get, for a reader of all of it and for one of a hundredth:
+# (asnumpy of a CuPy/torch array, asarray of a NumPy array). Device side managed (pinned,
+# managed): GPU-written, read whole by the host -> DMA copy into pinned memory; sparse -> view.
+# Host side pinned (pinned, registered): read whole by kernels -> DMA copy; sparse -> view.
+# Host side managed (managed): a stream-ordered prefetch, a view either way. Device side pinned
+# (registered): the host reads host memory, a view. Device side device: only copies; NumPy's
+# memory there is pageable, which this GPU cannot read without HMM/ATS: only copies too.
+_TRANSFER_EXPECT = {
+    "pinned": {"host": ("copy", "view"), "device": ("copy", "view")},
+    "managed": {"host": ("copy", "view"), "device": ("view", "view")},
+    "registered": {"host": ("view", "view"), "device": ("copy", "view")},
+    "device": {"host": ("copy", "copy"), "device": ("copy", "copy")},
+    "system": {"host": ("view", "view"), "device": ("view", "view")},
+}
+
+
+def _transfer_expect(ump_alloc, to, touch):
+    exp = _TRANSFER_EXPECT[ump_alloc.mode()][to]
+    return exp[0] if touch is None else exp[1]
+
+
+def _check_asnumpy_outcomes(ump_alloc, make, first_on_gpu, sync_all):
+    """asnumpy in the four ways (default, sparse hint, copy=True, copy=False) of a GPU array
+    written behind a slow kernel on a non-default stream, with a poisoned host destination:
+    the plan's path is taken, the result holds exactly what the kernel wrote, a copy is
+    independent of the source and a view is not."""
+    import gc
+
+    seed0 = int.from_bytes(os.urandom(3), "little")
+    for k, (touch, copy) in enumerate(((None, None), (0.01, None), (None, True), (None, False))):
+        seed = seed0 + k
+        x, s, n = make(seed)  # written on stream s behind a ~20 ms kernel; poisoned before
+        _poison_host(n * 4)
+        plan = ump_alloc.transfer_plan(x, touch=touch)
+        want = plan.path if copy is None else ("copy" if copy else "view")
+        if copy is None:
+            assert plan.path == _transfer_expect(ump_alloc, "host", touch), (ump_alloc.mode(), touch, plan)
+        if copy is False and not plan.view_possible:
+            try:
+                ump_alloc.asnumpy(x, stream=s, copy=False)
+                raise AssertionError("copy=False where the host cannot read the memory must raise")
+            except ValueError as e:
+                assert "copy=False" in str(e) and "copy=None" in str(e), e
+            sync_all()
+            continue
+        h = ump_alloc.asnumpy(x, stream=s, copy=copy, touch=touch)
+        got = "view" if isinstance(h.base, ump_alloc.ZeroCopyBuffer) else "copy"
+        assert got == want, (ump_alloc.mode(), touch, copy, got, plan)
+        assert ump_alloc.is_zero_copy(h, x) == (got == "view"), "is_zero_copy must tell which it was"
+        assert not np.isnan(h).any(), f"{got}: saw the poison (not ordered after the stream's work)"
+        np.testing.assert_array_equal(h, _host_hash(n, seed))
+        if got == "copy":
+            assert h.base is None and h.flags.owndata
+            assert ump_alloc.identify(h).ours, "the copy's destination is ump-alloc's host side"
+        h[0] = -7.0  # through the result: reaches the source only for a view
+        sync_all()
+        assert (first_on_gpu(x) == -7.0) == (got == "view"), got
+        # Lifetime: the source may go; a view keeps it alive through .base (a new array of the
+        # same size would otherwise get its block and overwrite it), a copy owns its data.
+        del x
+        gc.collect()
+        reuse, _, _ = make(seed + 1000)
+        sync_all()
+        assert h[0] == -7.0 and not np.isnan(h).any()
+        np.testing.assert_array_equal(h[1:], _host_hash(n, seed)[1:])
+        del reuse
+        print(f"asnumpy touch={touch} copy={copy}: {got} ({plan.reason})")
+
+
+def _check_asarray_outcomes(ump_alloc, like, n, spin, s, double_on_s, seed0):
+    """asarray in the four ways of a NumPy array on ump-alloc's host side, with the stream busy
+    for ~20 ms: the plan's path is taken, and a host write made after the call (NaN) reaches a
+    view's kernels but never a copy's."""
+    for k, (touch, copy) in enumerate(((None, None), (0.01, None), (None, True), (None, False))):
+        expect = _host_hash(n, seed0 + k)
+        a = np.empty(n, np.float32)
+        a[:] = expect
+        plan = ump_alloc.transfer_plan(a, touch=touch)
+        if copy is None:
+            assert plan.path == _transfer_expect(ump_alloc, "device", touch), (ump_alloc.mode(), touch, plan)
+        if copy is False and not plan.view_possible:
+            try:
+                ump_alloc.asarray(a, like=like, stream=s, copy=False)
+                raise AssertionError("copy=False where the GPU cannot read the memory must raise")
+            except ValueError as e:
+                assert "no HMM/ATS" in str(e) and "copy=None" in str(e), e
+            continue
+        spin(20)
+        g = ump_alloc.asarray(a, like=like, stream=s, copy=copy, touch=touch)
+        got = "view" if ump_alloc.is_zero_copy(a, g) else "copy"
+        assert got == (plan.path if copy is None else ("copy" if copy else "view")), (ump_alloc.mode(), touch, copy, got)
+        a[:] = np.nan  # a host write after the call: reaches a view, never a copy
+        back = double_on_s(g)
+        if got == "copy":
+            np.testing.assert_array_equal(back, expect * 2)
+        else:
+            assert np.isnan(back).all(), "a view reads the host's latest writes"
+        print(f"asarray({like}) touch={touch} copy={copy}: {got} ({plan.reason})")
+
+
+def transfer_choice_cupy():
+    """Issue 22, CuPy: asnumpy and asarray take the transfer plan's path by default (a view or a
+    stream-ordered DMA copy, as _TRANSFER_EXPECT says for this mode), copy= forces one, and both
+    keep the guarantees: ordered after the stream's work (poisoned outputs, a slow kernel ahead),
+    lifetime, is_zero_copy telling the truth, a copy independent of its source. Controls: a
+    copy on another stream sees the poison, and CuPy's own non-blocking copy of pinned memory
+    sees a host write made after it returned; neither happens on ump-alloc's paths."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    fill = cp.ElementwiseKernel("uint32 seed", "float32 y", _HASH, "ump_hash")
+    s = cp.cuda.Stream(non_blocking=True)
+    n = 48 * 2**20 // 4 + 17
+
+    def make(seed):
+        with s:
+            x = cp.empty(n, cp.float32)
+            x.fill(cp.nan)
+        s.synchronize()
+        _spin(s, 20)
+        with s:
+            fill(np.uint32(seed), x)
+        return x, s, n
+
+    _check_asnumpy_outcomes(ump_alloc, make, lambda x: float(x[0].get(stream=s)), cp.cuda.Device().synchronize)
+    # Control (D2H): a copy queued on another stream is not ordered after s's work.
+    other = cp.cuda.Stream(non_blocking=True)
+    x, _, _ = make(99)
+    bad = np.empty(n, np.float32)
+    x.get(stream=other, out=bad)
+    cp.cuda.Device().synchronize()
+    assert np.isnan(bad).any(), "control: a copy on another stream should have seen the poison"
+    print("control: a copy not ordered after the stream's work sees the poison: ok")
+
+    # H2D: a NumPy array on ump-alloc's host side, read by a kernel queued on s after the call.
+    def double_on_s(g):
+        with s:
+            out = g * 2
+        return cp.asnumpy(out, stream=s)
+
+    _check_asarray_outcomes(ump_alloc, "cupy", n, lambda ms: _spin(s, ms), s, double_on_s, 500)
+    # Control (H2D): CuPy's own non-blocking copy of pinned memory, queued behind a slow kernel,
+    # reads a host write made after it returned: the race ump-alloc's copy closes by waiting.
+    if ump_alloc.identify(np.empty(n, np.float32)).kind == "registered":
+        a = np.empty(n, np.float32)
+        a[:] = 1.0
+        _spin(s, 30)
+        with s:
+            g = cp.asarray(a, blocking=False)
+        a[:] = np.nan
+        assert np.isnan(cp.asnumpy(g, stream=s)).any(), "control: CuPy's non-blocking copy should see the write"
+        print("control: a copy that does not wait sees a later host write: ok")
+
+
+def transfer_choice_torch():
+    """Issue 22, PyTorch: as transfer_choice_cupy for torch tensors, including a tensor that
+    starts inside a larger block (PyTorch's caching allocator sub-allocates ump-alloc's blocks
+    when it sits on top, issue 19): ump_identify resolves its interior pointer."""
+    import torch
+
+    import ump_alloc
+
+    ump_alloc.enable(cupy=False, torch=True)
+    s = torch.cuda.Stream()
+    n = 48 * 2**20 // 4 + 17
+    offset = 4096 + 3  # elements: the tensor starts inside its block
+
+    def make(seed):
+        with torch.cuda.stream(s):
+            big = torch.full((n + 2 * offset,), float("nan"), device="cuda")
+        s.synchronize()
+        x = big[offset : offset + n]
+        with torch.cuda.stream(s):  # everything on s: src is freed in s's order, after the copy
+            src = torch.from_numpy(_host_hash(n, seed)).cuda()
+            torch.cuda._sleep(int(20 * 1.5e6))  # the copy below lands ~20 ms later
+            x.copy_(src)
+        return x, s, n
+
+    _check_asnumpy_outcomes(ump_alloc, make, lambda x: float(x[0].cpu()), torch.cuda.synchronize)
+
+    def double_on_s(t):
+        with torch.cuda.stream(s):
+            return (t * 2).cpu().numpy()
+
+    _check_asarray_outcomes(ump_alloc, "torch", n, lambda ms: _spin_torch(s, ms), s, double_on_s, 700)
+
+
+def _spin_torch(stream, ms):
+    """Keep a torch stream busy for about `ms` milliseconds (torch.cuda._sleep counts cycles)."""
+    import torch
+
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(int(ms * 1.5e6))

@@ -19,6 +19,7 @@ GPU_BENCHES = {
     "pipeline_bench.py": ["--mib", "1", "--iters", "1"],
     "torch_patch_overhead_bench.py": [],
     "torch_transfer_bench.py": [],
+    "transfer_bench.py": ["--repeat", "1", "--mib", "1", "--iters", "1", "--gib", "0.01", "--rounds", "1"],
     "zero_copy_bench.py": ["transfer"],
 }
 

@@ -289,3 +289,16 @@ def test_numpy_realloc_in_place(mode):
 @pytest.mark.parametrize("discard", ["1", "0"])
 def test_managed_residency(discard):
     check("managed_residency", "pinned", {"UMP_ALLOC_MANAGED_DISCARD": discard})
+
+
+# ---- issue 22: explicit transfers pick the faster of a view and a DMA copy ---------------------
+
+
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_transfer_choice_cupy(mode):
+    check("transfer_choice_cupy", mode)
+
+
+@pytest.mark.parametrize("mode", supported_modes() or ["managed"])
+def test_transfer_choice_torch(mode):
+    check("transfer_choice_torch", mode)

@@ -7,71 +7,18 @@ use crate::backing::Kind;
 use crate::error::{Error, Result};
 use crate::pool;
 use crate::prim::cuda;
-
-/// What the access rules need to know about a range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Region {
-    pub kind: Kind,
-    /// Device the memory belongs to (-1: host).
-    pub device: i32,
-    /// Managed memory (ours or foreign): it migrates, so prefetching pays.
-    pub managed: bool,
-}
-
-/// Classify `[ptr, ptr+size)`. Our blocks must contain the whole range.
-pub fn region(ptr: usize, size: usize) -> Result<Region> {
-    let end = ptr
-        .checked_add(size)
-        .ok_or_else(|| Error::invalid(format!("range {ptr:#x} + {size} overflows")))?;
-    if let Some(b) = pool::lookup(ptr) {
-        if end > b.base + b.capacity {
-            return Err(Error::invalid(format!(
-                "range {ptr:#x} + {size} runs past the end of its block ({:#x} + {})",
-                b.base, b.capacity
-            )));
-        }
-        let kind = b.pool.kind();
-        return Ok(Region {
-            kind,
-            device: b.pool.device(),
-            managed: kind == Kind::UMP_KIND_MANAGED,
-        });
-    }
-    if let Some(pi) = cuda::pointer_info(ptr) {
-        let host = pi.is_managed || pi.memory_type == cuda::CU_MEMORYTYPE_HOST;
-        let kind = if host {
-            Kind::UMP_KIND_FOREIGN_CUDA
-        } else {
-            Kind::UMP_KIND_DEVICE
-        };
-        return Ok(Region {
-            kind,
-            device: pi.device,
-            managed: pi.is_managed,
-        });
-    }
-    Ok(Region {
-        kind: Kind::UMP_KIND_FOREIGN_HOST,
-        device: -1,
-        managed: false,
-    })
-}
-
-fn prefetch_min() -> usize {
-    allocator::env_config().map_or(crate::config::DEFAULT_PREFETCH_MIN, |c| c.prefetch_min)
-}
-
-/// Managed ranges from this size migrate to the host in the background (`migrate`); smaller
-/// ones are prefetched before `host_access` returns.
-const BACKGROUND_MIN: usize = 8 << 20;
+use crate::transfer::{self, Direction, Move, region};
 
 /// Make `[ptr, ptr+size)` safe for the host to read and write: wait for the work queued on
-/// `stream` (0: the legacy default stream). Managed ranges from `UMP_ALLOC_PREFETCH_MIN` are
-/// moved to the host (fault-driven host reads run at a fraction of the prefetch bandwidth):
-/// from [`BACKGROUND_MIN`] on, after the wait, in the background while the caller reads (pages
-/// not moved yet fault in); below it, by a prefetch in `stream`'s order before the wait. Our
-/// blocks are then known to be away from their device (see `pool::mark_away`).
-pub fn host_access(ptr: usize, size: usize, stream: usize) -> Result<()> {
+/// `stream` (0: the legacy default stream). What happens to managed pages is the transfer
+/// plan's [`transfer::Plan::view_move`] for a reader that touches `touch` of the range (1: all
+/// of it): nothing below `UMP_ALLOC_PREFETCH_MIN` or for a sparse reader (the pages it touches
+/// fault over); from [`transfer::BACKGROUND_MIN`] on, a migration in the background after the
+/// wait, while the caller reads (pages not moved yet fault in); in between, a prefetch in
+/// `stream`'s order before the wait. Managed blocks of ours from `UMP_ALLOC_PREFETCH_MIN` are
+/// then known to be away from their device (see `pool::mark_away`).
+pub fn host_access(ptr: usize, size: usize, stream: usize, touch: f64) -> Result<()> {
+    transfer::check_touch(touch)?;
     if ptr == 0 && size > 0 {
         return Err(Error::new(
             crate::error::Status::UMP_ERR_NULL,
@@ -79,15 +26,13 @@ pub fn host_access(ptr: usize, size: usize, stream: usize) -> Result<()> {
         ));
     }
     let r = if size == 0 {
-        Region {
-            kind: Kind::UMP_KIND_FOREIGN_HOST,
-            device: -1,
-            managed: false,
-        }
+        None
     } else {
-        region(ptr, size)?
+        Some(region(ptr, size)?)
     };
-    if !r.kind.host_accessible() {
+    if let Some(r) = r
+        && !r.kind.host_accessible()
+    {
         return Err(Error::invalid(format!(
             "{ptr:#x} is device memory that the host cannot read; copy it instead"
         )));
@@ -95,25 +40,45 @@ pub fn host_access(ptr: usize, size: usize, stream: usize) -> Result<()> {
     if !cuda::available() {
         return Ok(());
     }
-    let dev = if r.device >= 0 { r.device } else { 0 };
-    if !r.managed || size < prefetch_min() {
-        return cuda::stream_synchronize(stream, dev);
+    let dev = r.map_or(0, |r| r.device.max(0));
+    let prefetch_min = transfer::prefetch_min();
+    let facts = transfer::facts_of(r.as_ref(), size, Direction::ToHost, dev, touch);
+    let mv = transfer::decide(&facts, prefetch_min).view_move;
+    if r.is_some_and(|r| r.managed) && size >= prefetch_min {
+        pool::mark_away(ptr, size);
     }
-    pool::mark_away(ptr, size);
-    if size >= BACKGROUND_MIN {
-        cuda::stream_synchronize(stream, dev)?;
-        if crate::migrate::start(dev, ptr, size) {
-            return Ok(());
+    match mv {
+        Move::None => cuda::stream_synchronize(stream, dev),
+        Move::Background => {
+            cuda::stream_synchronize(stream, dev)?;
+            if crate::migrate::start(dev, ptr, size) {
+                return Ok(());
+            }
+            prefetch_to_host(ptr, size, stream, dev)
         }
+        Move::Prefetch => prefetch_to_host(ptr, size, stream, dev),
     }
-    // Advice: if the driver lacks prefetch, faults still migrate the pages.
+}
+
+/// Prefetch to the host in `stream`'s order, then wait for the stream. Advice: if the driver
+/// lacks prefetch, faults still migrate the pages.
+fn prefetch_to_host(ptr: usize, size: usize, stream: usize, dev: i32) -> Result<()> {
     cuda::prefetch(ptr, size, -1, stream, dev)?;
     cuda::stream_synchronize(stream, dev)
 }
 
 /// Make `[ptr, ptr+size)` ready for kernels on `device` queued on `stream`, in stream order
-/// and without waiting on the host: managed memory is prefetched to the device.
-pub fn device_access(ptr: usize, size: usize, device: i32, stream: usize) -> Result<()> {
+/// and without waiting on the host: managed memory is prefetched to the device, unless the
+/// kernels touch little of it (`touch`, as the transfer plan's
+/// [`transfer::Plan::view_move`] says: the pages they touch then fault over).
+pub fn device_access(
+    ptr: usize,
+    size: usize,
+    device: i32,
+    stream: usize,
+    touch: f64,
+) -> Result<()> {
+    transfer::check_touch(touch)?;
     if ptr == 0 && size > 0 {
         return Err(Error::new(
             crate::error::Status::UMP_ERR_NULL,
@@ -143,9 +108,13 @@ pub fn device_access(ptr: usize, size: usize, device: i32, stream: usize) -> Res
         )));
     }
     if r.managed {
-        // A background migration to the host over the range would undo the prefetch.
+        // A background migration to the host over the range would undo the prefetch (and
+        // moves pages the device now uses).
         crate::migrate::quiesce(ptr, ptr + size);
-        cuda::prefetch(ptr, size, device, stream, device)?;
+        let facts = transfer::facts_of(Some(&r), size, Direction::ToDevice, device, touch);
+        if transfer::decide(&facts, transfer::prefetch_min()).view_move == Move::Prefetch {
+            cuda::prefetch(ptr, size, device, stream, device)?;
+        }
     }
     Ok(())
 }
@@ -158,23 +127,23 @@ mod tests {
     #[test]
     fn host_access_validates_ranges() {
         let p = crate::allocator::malloc(10_000).unwrap();
-        assert!(host_access(p, 10_000, 0).is_ok());
-        assert!(host_access(p + 100, 500, 0).is_ok());
-        let e = host_access(p, 1 << 30, 0).unwrap_err();
+        assert!(host_access(p, 10_000, 0, 1.0).is_ok());
+        assert!(host_access(p + 100, 500, 0, 0.01).is_ok());
+        let e = host_access(p, 1 << 30, 0, 1.0).unwrap_err();
         assert!(e.msg.contains("past the end"), "{}", e.msg);
         assert_eq!(
-            host_access(0, 8, 0).unwrap_err().status,
+            host_access(0, 8, 0, 1.0).unwrap_err().status,
             Status::UMP_ERR_NULL
         );
-        assert!(host_access(0, 0, 0).is_ok());
-        assert!(host_access(usize::MAX - 4, 100, 0).is_err());
+        assert!(host_access(0, 0, 0, 1.0).is_ok());
+        assert!(host_access(usize::MAX - 4, 100, 0, 1.0).is_err());
         crate::allocator::free(p).unwrap();
     }
 
     #[test]
     fn foreign_host_memory_is_host_accessible() {
         let v = vec![1u8; 4096];
-        assert!(host_access(v.as_ptr() as usize, v.len(), 0).is_ok());
+        assert!(host_access(v.as_ptr() as usize, v.len(), 0, 1.0).is_ok());
     }
 
     #[test]
@@ -183,7 +152,7 @@ mod tests {
             return;
         }
         let p = crate::allocator::malloc(100).unwrap();
-        let e = device_access(p, 100, 0, 0).unwrap_err();
+        let e = device_access(p, 100, 0, 0, 1.0).unwrap_err();
         assert_eq!(e.status, Status::UMP_ERR_UNSUPPORTED);
         crate::allocator::free(p).unwrap();
     }

@@ -10,8 +10,9 @@
 //!   [`registry`] that answers "is this pointer ours".
 //! - [`mode`] and [`config`]: policy (which backing, which alignment), from capabilities and
 //!   `UMP_ALLOC_*` variables.
-//! - [`allocator`]: the process-wide state composing the above.
-//! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, query).
+//! - [`allocator`]: the process-wide state composing the above; [`access`] and [`transfer`]:
+//!   views of memory both sides reach, and when a copy is faster.
+//! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, query, scope, access).
 //! - [`fork`]: `pthread_atfork` handlers that keep every lock consistent across `fork()`.
 
 pub mod access;
@@ -30,6 +31,7 @@ pub mod registry;
 pub mod scope;
 pub mod stats;
 pub mod stream;
+pub mod transfer;
 
 pub use error::{Error, Result, Status};
 pub use mode::Mode;

@@ -23,6 +23,7 @@ import warnings as _warnings
 from . import _hooks, _lib
 from ._lib import UmpError, last_error, library_path
 from ._summary import memory_summary, pool_stats
+from ._transfer import TransferPlan, decide_transfer
 
 __all__ = [
     "UmpError",
@@ -31,6 +32,9 @@ __all__ = [
     "asnumpy",
     "asarray",
     "is_zero_copy",
+    "transfer_plan",
+    "decide_transfer",
+    "TransferPlan",
     "host_access",
     "device_access",
     "enable",
@@ -535,26 +539,37 @@ def identify(obj) -> Identity:
     )
 
 
-def host_access(obj, nbytes: int | None = None, stream=None) -> None:
-    """C ``ump_host_access`` on an address (with ``nbytes``) or an array: wait for ``stream``
-    (a handle, a CuPy/torch stream, or None for the legacy default stream) and prefetch large
-    managed ranges to the host, so the host may read and write them."""
+def host_access(obj, nbytes: int | None = None, stream=None, *, touch=None) -> None:
+    """C ``ump_host_access_ex`` on an address (with ``nbytes``) or an array: wait for ``stream``
+    (a handle, a CuPy/torch stream, or None for the legacy default stream) and move managed
+    pages to the host as the transfer plan says for a host that reads ``touch`` of them (None:
+    all; large ranges then migrate in the background while the host reads; a small fraction
+    such as 0.01: nothing moves, the pages it touches fault over)."""
+    from ._transfer import check_touch
     from ._zerocopy import _stream_handle
 
+    t = check_touch(touch)
     addr = _address(obj)
     n = nbytes if nbytes is not None else int(getattr(obj, "nbytes", 0))
     h = _stream_handle(stream, lambda: 0)
-    _lib.check(_lib.lib().ump_host_access(_ctypes.c_void_p(addr), n, _ctypes.c_void_p(h)), "ump_host_access")
+    _lib.check(_lib.lib().ump_host_access_ex(_ctypes.c_void_p(addr), n, _ctypes.c_void_p(h), t), "ump_host_access_ex")
 
 
-def device_access(obj, nbytes: int | None = None, device: int = 0, stream=None) -> None:
-    """C ``ump_device_access``: prefetch toward ``device`` in ``stream`` order, no host wait."""
+def device_access(obj, nbytes: int | None = None, device: int = 0, stream=None, *, touch=None) -> None:
+    """C ``ump_device_access_ex``: prefetch managed memory toward ``device`` in ``stream`` order,
+    no host wait (not for kernels that touch only a small fraction, ``touch``, of it: their
+    pages fault over)."""
+    from ._transfer import check_touch
     from ._zerocopy import _stream_handle
 
+    t = check_touch(touch)
     addr = _address(obj)
     n = nbytes if nbytes is not None else int(getattr(obj, "nbytes", 0))
     h = _stream_handle(stream, lambda: 0)
-    _lib.check(_lib.lib().ump_device_access(_ctypes.c_void_p(addr), n, int(device), _ctypes.c_void_p(h)), "ump_device_access")
+    _lib.check(
+        _lib.lib().ump_device_access_ex(_ctypes.c_void_p(addr), n, int(device), _ctypes.c_void_p(h), t),
+        "ump_device_access_ex",
+    )
 
 
 def capabilities() -> dict:
@@ -756,7 +771,7 @@ class scope(_contextlib.ContextDecorator):
         return False
 
 
-_LAZY = {"ZeroCopyBuffer", "asarray", "asnumpy", "is_zero_copy"}
+_LAZY = {"ZeroCopyBuffer", "asarray", "asnumpy", "is_zero_copy", "transfer_plan"}
 
 
 def __getattr__(name: str):

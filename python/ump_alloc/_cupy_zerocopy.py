@@ -44,22 +44,24 @@ def install(cupy) -> None:
     def asnumpy(a, stream=None, order="C", out=None, **kwargs):
         if out is None and isinstance(a, cupy.ndarray) and a.size and (order in ("C", "K", "A", None)):
             if (order != "C" or a.flags.c_contiguous) and _ours(a.data.ptr, "host_accessible"):
-                return _zerocopy.asnumpy(a, stream=stream)
+                return _zerocopy.asnumpy(a, stream=stream, copy=False)
         return orig_asnumpy(a, stream=stream, order=order, out=out, **kwargs)
 
     def get(self, stream=None, order="C", out=None, **kwargs):
         if out is None and self.size and (order != "C" or self.flags.c_contiguous):
             if _ours(self.data.ptr, "host_accessible"):
-                return _zerocopy.asnumpy(self, stream=stream)
+                return _zerocopy.asnumpy(self, stream=stream, copy=False)
         return orig_get(self, stream=stream, order=order, out=out, **kwargs)
 
     def asarray(a, dtype=None, order=None, **kwargs):
         import numpy as np
 
         if type(a) is np.ndarray and a.size and (dtype is None or np.dtype(dtype) == a.dtype):
-            if order in (None, "K", "A") or (order == "C" and a.flags.c_contiguous):
-                if _ours(a.__array_interface__["data"][0], "device_accessible"):
-                    return _zerocopy.asarray(a, like="cupy")
+            ptr = a.__array_interface__["data"][0]
+            viewable = a.flags.writeable and ptr % a.dtype.alignment == 0  # else asarray copies
+            if viewable and (order in (None, "K", "A") or (order == "C" and a.flags.c_contiguous)):
+                if _ours(ptr, "device_accessible"):
+                    return _zerocopy.asarray(a, like="cupy", copy=False)
         return orig_asarray(a, dtype=dtype, order=order, **kwargs)
 
     cupy.asnumpy = asnumpy

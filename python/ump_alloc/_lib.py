@@ -204,6 +204,34 @@ class ScopeReport(Structure):
     ]
 
 
+class TransferFacts(Structure):
+    """struct ump_transfer_facts"""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("direction", c_int32),
+        ("memory", c_int32),
+        ("resident", c_int32),
+        ("coherent", c_int32),
+        ("bytes", c_uint64),
+        ("touch", ctypes.c_double),
+    ]
+
+
+class TransferPlan(Structure):
+    """struct ump_transfer_plan"""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("version", c_uint32),
+        ("path", c_int32),
+        ("view_move", c_int32),
+        ("view_possible", c_bool),
+        ("reason", c_char * 192),
+    ]
+
+
 # name: (restype, argtypes)
 SIGNATURES = {
     "ump_malloc": (c_void_p, [c_size_t]),
@@ -241,6 +269,13 @@ SIGNATURES = {
     "ump_identify": (c_int, [c_void_p, POINTER(Identity)]),
     "ump_host_access": (c_int, [c_void_p, c_size_t, c_void_p]),
     "ump_device_access": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
+    "ump_host_access_ex": (c_int, [c_void_p, c_size_t, c_void_p, ctypes.c_double]),
+    "ump_device_access_ex": (c_int, [c_void_p, c_size_t, c_int, c_void_p, ctypes.c_double]),
+    "ump_plan_transfer": (
+        c_int,
+        [c_void_p, c_size_t, c_int, c_int, ctypes.c_double, POINTER(TransferFacts), POINTER(TransferPlan)],
+    ),
+    "ump_decide_transfer": (c_int, [POINTER(TransferFacts), POINTER(TransferPlan)]),
     "ump_config_var": (c_int, [c_size_t, POINTER(c_char_p), POINTER(c_char_p), POINTER(c_char_p)]),
     "ump_stats": (c_int, [POINTER(Stats)]),
     "ump_reset_peak": (c_int, []),

@@ -1,18 +1,23 @@
-"""Zero-copy views between NumPy and CuPy / PyTorch, made safe by a stream synchronisation
-(``ump_host_access``) or a stream-ordered prefetch (``ump_device_access``) instead of a copy.
+"""Explicit transfers between NumPy and CuPy / PyTorch that never lose: ``asnumpy`` and
+``asarray`` hand over a *view* of the same memory (made safe by a stream synchronisation,
+``ump_host_access``, or a stream-ordered prefetch, ``ump_device_access``) or a stream-ordered
+*DMA copy* into the other side's memory, whichever the transfer plan (``_transfer``) says is
+faster for what the reader will do; ``copy=True`` / ``copy=False`` force one (NumPy 2's
+``asarray`` convention).
 
-A zero-copy result is a view: its ``.base`` is a :class:`ZeroCopyBuffer` that keeps the source
-alive. A copy owns its data (``.base is None`` for NumPy results). ``is_zero_copy(a, b)`` tells
-whether two arrays share memory.
+A view's ``.base`` is a :class:`ZeroCopyBuffer` that keeps the source alive. A copy owns its
+data (``.base is None`` for NumPy results). ``is_zero_copy(a, b)`` tells whether two arrays
+share memory.
 """
 
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import numpy as np
 
-from . import _lib
+from . import _lib, _transfer
 
 
 class ZeroCopyBuffer:
@@ -58,14 +63,25 @@ def _stream_handle(stream, fallback):
     raise TypeError(f"cannot use {type(stream).__name__} as a CUDA stream")
 
 
-def _describe_gpu(x):
-    """(ptr, shape, byte strides, numpy dtype, stream fallback, kind) of a CuPy array or torch tensor."""
+class _Gpu(NamedTuple):
+    """What asnumpy needs to know of a CuPy array or torch CUDA tensor."""
+
+    ptr: int
+    shape: tuple
+    strides: tuple  # in bytes
+    dtype: np.dtype
+    current_stream: object  # () -> handle of the library's current stream on the array's device
+    kind: str  # "cupy" or "torch"
+    device: int
+
+
+def _describe_gpu(x) -> _Gpu:
     mod = type(x).__module__
     if mod.startswith("cupy"):
         import cupy
 
-        dtype = np.dtype(x.dtype)
-        return x.data.ptr, x.shape, x.strides, dtype, lambda: cupy.cuda.get_current_stream().ptr, "cupy"
+        dev = x.device.id
+        return _Gpu(x.data.ptr, x.shape, x.strides, np.dtype(x.dtype), lambda: _cupy_current(cupy, dev), "cupy", dev)
     if mod.startswith("torch"):
         import torch
 
@@ -81,96 +97,233 @@ def _describe_gpu(x):
         def current():
             return torch.cuda.current_stream(dev).cuda_stream
 
-        return x.data_ptr(), tuple(x.shape), strides, dtype, current, "torch"
+        return _Gpu(x.data_ptr(), tuple(x.shape), strides, dtype, current, "torch", dev)
     raise TypeError(f"asnumpy expects a CuPy array or a torch CUDA tensor, not {type(x).__name__}")
 
 
-def _copy_to_numpy(x, kind):
-    if kind == "cupy":
+def _host_empty(shape, dtype, order="C"):
+    """An empty NumPy array for a copy from the GPU: on ump-alloc's host side (pinned memory
+    where the mode has it, so the DMA runs at link speed) once ump-alloc is initialised, else
+    from NumPy's current allocator."""
+    from . import mode
+
+    if mode() in ("unset", "host"):
+        return np.empty(shape, dtype, order=order)
+    from . import _numpy
+
+    with _numpy.handler_class():
+        return np.empty(shape, dtype, order=order)
+
+
+def _cupy_current(cupy, dev):
+    """The handle of CuPy's current stream on device ``dev``."""
+    with cupy.cuda.Device(dev):
+        return cupy.cuda.get_current_stream().ptr
+
+
+def _cupy_stream(cupy, handle):
+    cur = cupy.cuda.get_current_stream()
+    return cur if cur.ptr == handle else cupy.cuda.ExternalStream(handle)
+
+
+def _torch_stream(torch, handle, dev):
+    cur = torch.cuda.current_stream(dev)
+    return cur if cur.cuda_stream == handle else torch.cuda.ExternalStream(handle, device=f"cuda:{dev}")
+
+
+def _copy_to_host(x, g: _Gpu, handle: int):
+    """A DMA copy of ``x`` into a new NumPy array, queued on stream ``handle`` after its work;
+    returns when the copy is done."""
+    if g.kind == "cupy":
         import cupy
 
-        return cupy.asnumpy(x)
-    return x.detach().cpu().numpy()
+        order = "F" if x.flags.f_contiguous and not x.flags.c_contiguous else "C"
+        out = _host_empty(g.shape, g.dtype, order)
+        with cupy.cuda.Device(g.device):
+            x.get(stream=_cupy_stream(cupy, handle), out=out)  # synchronises the stream
+        return out
+    import torch
 
-
-def asnumpy(x, stream=None):
-    """A NumPy array of GPU array ``x`` (CuPy array or torch CUDA tensor); a NumPy array is
-    returned as it is (as ``cupy.asnumpy`` does).
-
-    When ``x`` lives in host-accessible ump memory (managed, registered or system memory, or any
-    CUDA managed memory), the result is a view of the same bytes after ``ump_host_access``
-    synchronised ``stream`` (default: the array library's current stream); shape, strides and
-    dtype are kept and the source stays alive as long as the view. Otherwise it is an ordinary
-    copy. ``result.base`` is a :class:`ZeroCopyBuffer` exactly when no copy was made.
-    """
-    if isinstance(x, np.ndarray):
-        return x  # already NumPy: passed through, as cupy.asnumpy does
-    ptr, shape, strides, dtype, current_stream, kind = _describe_gpu(x)
-    start, nbytes = _span(ptr, shape, strides, dtype.itemsize)
-    if nbytes == 0:
-        return np.empty(shape, dtype)
-    from . import identify
-
-    ident = identify(ptr)
-    if not ident.host_accessible or (not ident.ours and ident.kind != "foreign-cuda"):
-        return _copy_to_numpy(x, kind)
-    handle = _stream_handle(stream, current_stream)
-    _lib.check(_lib.lib().ump_host_access(ctypes.c_void_p(start), nbytes, ctypes.c_void_p(handle)), "ump_host_access")
-    buf = ZeroCopyBuffer(x, ptr, shape, dtype.str, strides)
-    out = np.asarray(buf)
-    if dtype.fields is not None or out.dtype != dtype:
-        out = out.view(dtype)
+    t = x.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    out = _host_empty(g.shape, g.dtype)
+    s = _torch_stream(torch, handle, g.device)
+    with torch.cuda.device(g.device), torch.cuda.stream(s):
+        torch.from_numpy(out).copy_(t, non_blocking=True)
+    s.synchronize()
     return out
 
 
-def asarray(a, like="cupy", stream=None, device=None):
-    """A CuPy array (``like="cupy"``) or torch CUDA tensor (``like="torch"``) of NumPy array ``a``.
+def _resolve(plan: _transfer.TransferPlan, copy, why_not_view: str | None = None) -> bool:
+    """Whether to make a view: the plan's choice for ``copy=None``, never for ``copy=True``, and
+    always for ``copy=False`` (ValueError where a view is impossible)."""
+    if copy is None:
+        return why_not_view is None and plan.path == "view"
+    if copy:
+        return False
+    if why_not_view is None and not plan.view_possible:
+        why_not_view = plan.reason
+    if why_not_view is not None:
+        raise ValueError(f"copy=False, but a view is not possible here: {why_not_view}; pass copy=None to allow a copy")
+    return True
 
-    When ``a``'s memory is reachable by the GPU (ump managed or registered memory; system
-    memory with HMM/ATS), is aligned to its itemsize and is writable, the result is a view of
-    the same bytes: ``ump_device_access`` prefetches it in ``stream``'s order (no host wait), so
-    host writes made before the call are seen by kernels queued after it. Otherwise (or for a
-    read-only array, which a GPU view could not protect) it is an ordinary copy.
+
+def asnumpy(x, stream=None, *, copy=None, touch=None):
+    """A NumPy array of GPU array ``x`` (CuPy array or torch CUDA tensor), made the faster way
+    for a host that reads ``touch`` of it; a NumPy array is returned as it is (as
+    ``cupy.asnumpy`` does; ``copy=True`` copies it).
+
+    - ``copy=None`` (default): the transfer plan decides (:func:`transfer_plan`). A **view** of
+      the same bytes where the host reads them where they are (pinned, registered or system
+      memory; managed pages on the host), where the host touches little of the array, and on
+      coherent (HMM/ATS) machines; a **DMA copy into pinned memory** where the host will read
+      most of GPU-resident managed memory (52 GB/s against 19 GB/s of migration on the lent
+      H100s) and where the host cannot reach the memory at all.
+    - ``copy=True``: always a copy. ``copy=False``: always a view; ``ValueError`` where the host
+      cannot reach the memory.
+    - ``touch``: the fraction of the array the host will read (None: all of it; 0.01: a
+      hundredth). A view for a sparse reader migrates nothing: the pages it touches fault over.
+
+    Either way the result is ordered after the work queued on ``stream`` (default: the array
+    library's current stream on ``x``'s device): a copy is queued there and waited for, a view
+    synchronises it (``ump_host_access``). A view keeps shape, strides and dtype; its ``.base``
+    is a :class:`ZeroCopyBuffer` that keeps ``x`` alive, and writes through it show in ``x``.
+    A copy owns its data (``.base is None``), on ump-alloc's host side once ump-alloc is on.
+    :func:`is_zero_copy` tells which one was made.
+    """
+    _transfer.check_copy(copy)
+    t = _transfer.check_touch(touch)
+    if isinstance(x, np.ndarray):
+        return np.array(x, copy=True) if copy else x  # already NumPy, as cupy.asnumpy passes it
+    g = _describe_gpu(x)
+    start, nbytes = _span(g.ptr, g.shape, g.strides, g.dtype.itemsize)
+    if nbytes == 0:
+        return np.empty(g.shape, g.dtype)
+    plan = _transfer.plan_range(start, nbytes, "host", g.device, t)
+    handle = _stream_handle(stream, g.current_stream)
+    if not _resolve(plan, copy):
+        return _copy_to_host(x, g, handle)
+    _lib.check(
+        _lib.lib().ump_host_access_ex(ctypes.c_void_p(start), nbytes, ctypes.c_void_p(handle), t), "ump_host_access_ex"
+    )
+    buf = ZeroCopyBuffer(x, g.ptr, g.shape, g.dtype.str, g.strides)
+    out = np.asarray(buf)
+    if g.dtype.fields is not None or out.dtype != g.dtype:
+        out = out.view(g.dtype)
+    return out
+
+
+def _copy_to_device(a, like, dev, handle):
+    """A DMA copy of NumPy array ``a`` to device ``dev``, queued on stream ``handle`` after its
+    work; returns when the copy is done (later host writes to ``a`` do not reach it)."""
+    if like == "cupy":
+        import cupy
+
+        s = _cupy_stream(cupy, handle)
+        with cupy.cuda.Device(dev), s:
+            g = cupy.array(a, copy=True)
+        s.synchronize()
+        return g
+    import torch
+
+    if not (a.flags.writeable and all(st >= 0 for st in a.strides) and a.dtype.isnative):
+        a = np.array(a, dtype=a.dtype.newbyteorder("="), copy=True)  # what torch.from_numpy takes
+    src = a
+    s = _torch_stream(torch, handle, dev)
+    with torch.cuda.device(dev), torch.cuda.stream(s):
+        g = torch.from_numpy(src).to(f"cuda:{dev}", copy=True)  # non_blocking=False: waits
+    return g
+
+
+def asarray(a, like="cupy", stream=None, device=None, *, copy=None, touch=None):
+    """A CuPy array (``like="cupy"``) or torch CUDA tensor (``like="torch"``) of NumPy array
+    ``a``, made the faster way for kernels that read ``touch`` of it.
+
+    - ``copy=None`` (default): the transfer plan decides (:func:`transfer_plan`). A **view** of
+      the same bytes where kernels reach them at no extra cost (managed memory, prefetched to
+      the device in stream order; memory already on the device), where kernels touch little of
+      the array, and on coherent (HMM/ATS) machines; a **DMA copy into device memory** where
+      kernels will read most of pinned host memory (one copy at 51 GB/s, then device-memory
+      speed, against PCIe at every pass on the lent H100s) and where the GPU cannot reach the
+      memory at all (pageable memory without HMM/ATS).
+    - ``copy=True``: always a copy. ``copy=False``: always a view; ``ValueError`` where the GPU
+      cannot reach the memory, or for a read-only or misaligned array (a GPU view could not
+      keep it read-only or address it).
+    - ``touch``: the fraction of the array kernels will read (None: all of it once; 0.01: a
+      hundredth; 3: three passes).
+
+    Either way the result is ordered after the work queued on ``stream`` (default: the
+    library's current stream on ``device``): a copy is queued there and waited for (host writes
+    to ``a`` after the call do not reach it), a view is prefetched there
+    (``ump_device_access``), so host writes made before the call are seen by kernels queued
+    after it. A view's writes show in ``a`` and ``a`` stays alive as long as the view.
     """
     if like not in ("cupy", "torch"):
         raise ValueError("like must be 'cupy' or 'torch'")
+    _transfer.check_copy(copy)
+    t = _transfer.check_touch(touch)
     a = np.asarray(a)
     dtype = a.dtype
     ptr = a.__array_interface__["data"][0] or 0
     strides = a.strides
     start, nbytes = _span(ptr, a.shape, strides, dtype.itemsize)
-    zero_copy = nbytes > 0 and a.flags.writeable and ptr % dtype.alignment == 0
-    if zero_copy:
-        from . import identify
-
-        ident = identify(ptr)
-        zero_copy = ident.device_accessible and (ident.ours or ident.kind in ("foreign-cuda", "system"))
     if like == "cupy":
         import cupy
 
         dev = cupy.cuda.runtime.getDevice() if device is None else int(device)
-        if not zero_copy:
-            with cupy.cuda.Device(dev):
-                return cupy.array(a, copy=True)
-        handle = _stream_handle(stream, lambda: cupy.cuda.get_current_stream().ptr)
-        _lib.check(
-            _lib.lib().ump_device_access(ctypes.c_void_p(start), nbytes, dev, ctypes.c_void_p(handle)), "ump_device_access"
-        )
+        current = lambda: _cupy_current(cupy, dev)  # noqa: E731
+    else:
+        import torch
+
+        dev = torch.cuda.current_device() if device is None else int(device)
+        current = lambda: torch.cuda.current_stream(dev).cuda_stream  # noqa: E731
+    handle = _stream_handle(stream, current)
+    if nbytes == 0:
+        return _copy_to_device(a, like, dev, handle)  # nothing to share: an empty array
+    why_not = None
+    if not a.flags.writeable:
+        why_not = "the array is read-only, which a GPU view could not keep"
+    elif ptr % dtype.alignment:
+        why_not = f"the array's address is not aligned to its itemsize ({dtype.alignment})"
+    plan = _transfer.plan_range(start, nbytes, "device", dev, t)
+    if not _resolve(plan, copy, why_not):
+        return _copy_to_device(a, like, dev, handle)
+    _lib.check(
+        _lib.lib().ump_device_access_ex(ctypes.c_void_p(start), nbytes, dev, ctypes.c_void_p(handle), t),
+        "ump_device_access_ex",
+    )
+    if like == "cupy":
         # The memory object covers every byte the strides reach (negative strides reach below
         # the data pointer); the array starts at the data pointer inside it.
         mem = cupy.cuda.UnownedMemory(start, nbytes, a, device_id=dev)
         mp = cupy.cuda.MemoryPointer(mem, ptr - start)
         return cupy.ndarray(a.shape, dtype, mp, strides=strides)
-    import torch
-
-    dev = torch.cuda.current_device() if device is None else int(device)
-    if not zero_copy:
-        return torch.as_tensor(a.copy(), device=f"cuda:{dev}")
-    handle = _stream_handle(stream, lambda: torch.cuda.current_stream(dev).cuda_stream)
-    _lib.check(_lib.lib().ump_device_access(ctypes.c_void_p(start), nbytes, dev, ctypes.c_void_p(handle)), "ump_device_access")
     buf = ZeroCopyBuffer(a, ptr, a.shape, dtype.str, strides, cuda=True)
     with torch.cuda.device(dev):
         return torch.as_tensor(buf, device=f"cuda:{dev}")
+
+
+def transfer_plan(x, to=None, *, touch=None, device=None) -> _transfer.TransferPlan:
+    """What :func:`asnumpy` (``to="host"``) or :func:`asarray` (``to="device"``) would do with
+    ``x`` by default, and why: a :class:`TransferPlan`. ``to`` defaults to ``"host"`` for a CuPy
+    array or torch tensor and ``"device"`` for a NumPy array; ``touch`` as in those functions;
+    ``device``: the GPU that reads it (default 0) or that it comes from (default: its own)."""
+    if isinstance(x, np.ndarray):
+        ai = x.__array_interface__
+        start, nbytes = _span(ai["data"][0] or 0, x.shape, x.strides, x.dtype.itemsize)
+        dev = -1 if device is None else int(device)
+        to = "device" if to is None else to
+        if to == "device" and device is None:
+            dev = 0
+    else:
+        g = _describe_gpu(x)
+        start, nbytes = _span(g.ptr, g.shape, g.strides, g.dtype.itemsize)
+        dev = g.device if device is None else int(device)
+        to = "host" if to is None else to
+    return _transfer.plan_range(start, nbytes, to, dev, touch)
 
 
 def _extent(x):
@@ -179,8 +332,8 @@ def _extent(x):
         return _span(ai["data"][0] or 0, x.shape, x.strides, x.dtype.itemsize)
     mod = type(x).__module__
     if mod.startswith("cupy") or mod.startswith("torch"):
-        ptr, shape, strides, dtype, _, _ = _describe_gpu(x)
-        return _span(ptr, shape, strides, dtype.itemsize)
+        g = _describe_gpu(x)
+        return _span(g.ptr, g.shape, g.strides, g.dtype.itemsize)
     raise TypeError(f"cannot locate the memory of {type(x).__name__}")
 
 

@@ -4,6 +4,7 @@
 //!   NULL), with its message in `ump_last_error()`, and never unwinds into C;
 //! - checks NULL arguments and writes outputs only on success.
 
+pub mod access;
 pub mod cupy;
 pub mod numpy;
 pub mod query;

@@ -1066,6 +1066,112 @@ static void test_config_var(void) {
 
 /* ---- 8. CuPy and PyTorch entry points without a GPU ----------------------------------- */
 
+/* ---- transfer plans: a view or a DMA copy (issue 22) ----------------------------------- */
+
+static void test_transfer(void) {
+    static const struct {
+        int dir, mem, res, coherent;
+        double touch;
+        int path, view_possible;
+    } rows[] = {
+        {UMP_TO_HOST, UMP_MEMORY_MANAGED, UMP_RESIDENT_DEVICE, 0, 1.0, UMP_PATH_COPY, 1},
+        {UMP_TO_HOST, UMP_MEMORY_MANAGED, UMP_RESIDENT_UNKNOWN, 0, 1.0, UMP_PATH_COPY, 1},
+        {UMP_TO_HOST, UMP_MEMORY_MANAGED, UMP_RESIDENT_DEVICE, 0, 0.01, UMP_PATH_VIEW, 1},
+        {UMP_TO_HOST, UMP_MEMORY_MANAGED, UMP_RESIDENT_HOST, 0, 1.0, UMP_PATH_VIEW, 1},
+        {UMP_TO_HOST, UMP_MEMORY_MANAGED, UMP_RESIDENT_DEVICE, 1, 1.0, UMP_PATH_VIEW, 1},
+        {UMP_TO_HOST, UMP_MEMORY_PINNED, UMP_RESIDENT_HOST, 0, 1.0, UMP_PATH_VIEW, 1},
+        {UMP_TO_HOST, UMP_MEMORY_DEVICE, UMP_RESIDENT_DEVICE, 0, 0.01, UMP_PATH_COPY, 0},
+        {UMP_TO_DEVICE, UMP_MEMORY_PINNED, UMP_RESIDENT_HOST, 0, 1.0, UMP_PATH_COPY, 1},
+        {UMP_TO_DEVICE, UMP_MEMORY_PINNED, UMP_RESIDENT_HOST, 0, 0.01, UMP_PATH_VIEW, 1},
+        {UMP_TO_DEVICE, UMP_MEMORY_MANAGED, UMP_RESIDENT_HOST, 0, 1.0, UMP_PATH_VIEW, 1},
+        {UMP_TO_DEVICE, UMP_MEMORY_PAGEABLE, UMP_RESIDENT_HOST, 0, 0.01, UMP_PATH_COPY, 0},
+        {UMP_TO_DEVICE, UMP_MEMORY_PAGEABLE, UMP_RESIDENT_HOST, 1, 1.0, UMP_PATH_VIEW, 1},
+    };
+    struct ump_transfer_facts f;
+    struct ump_transfer_plan plan, poison;
+    size_t i;
+    memset(&poison, 0xA5, sizeof poison);
+    for (i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        memset(&f, 0, sizeof f);
+        f.size = (uint32_t)sizeof f;
+        f.direction = rows[i].dir;
+        f.memory = rows[i].mem;
+        f.resident = rows[i].res;
+        f.coherent = rows[i].coherent;
+        f.bytes = (uint64_t)1 << 30;
+        f.touch = rows[i].touch;
+        plan = poison;
+        plan.size = (uint32_t)sizeof plan;
+        int rc = ump_decide_transfer(&f, &plan);
+        CHECK(rc == UMP_OK, "ump_decide_transfer(row %zu) = %d (%s)", i, rc, last_err_or("-"));
+        CHECK((int)plan.path == rows[i].path && plan.view_possible == (rows[i].view_possible != 0),
+              "row %zu: path %d view_possible %d, want %d %d", i, (int)plan.path,
+              plan.view_possible, rows[i].path, rows[i].view_possible);
+        CHECK(plan.version == UMP_TRANSFER_VERSION && plan.size == sizeof plan,
+              "row %zu: version %u size %u", i, plan.version, plan.size);
+        CHECK(memchr(plan.reason, 0, sizeof plan.reason) != NULL && plan.reason[0] != 0,
+              "row %zu: reason is not a non-empty string", i);
+    }
+    /* Bad facts are refused and nothing is written. */
+    memset(&f, 0, sizeof f);
+    f.touch = 1.0;
+    f.direction = 7;
+    plan = poison;
+    plan.size = (uint32_t)sizeof plan;
+    CHECK(ump_decide_transfer(&f, &plan) == UMP_ERR_INVALID && last_err_contains("direction"),
+          "direction 7: %s", last_err_or("-"));
+    CHECK(plan.path == poison.path && plan.reason[0] == poison.reason[0], "plan written on failure");
+    f.direction = UMP_TO_HOST;
+    f.touch = 0.0 / 0.0;
+    CHECK(ump_decide_transfer(&f, &plan) == UMP_ERR_INVALID && last_err_contains("touch"),
+          "touch NaN: %s", last_err_or("-"));
+    f.touch = 1.0;
+    f.coherent = 2;
+    CHECK(ump_decide_transfer(&f, &plan) == UMP_ERR_INVALID, "coherent 2 must be refused");
+    CHECK(ump_decide_transfer(NULL, &plan) == UMP_ERR_NULL, "NULL facts");
+
+    /* Plans of addresses: our host memory is read by the host where it is; a GPU cannot read
+     * it here (no GPU), so to a device it is only a copy. */
+    unsigned char *p = (unsigned char *)ump_malloc(MiB);
+    CHECK(p != NULL, "ump_malloc(1 MiB) for the transfer plan");
+    if (p == NULL) return;
+    memset(&f, 0xA5, sizeof f);
+    f.size = (uint32_t)sizeof f;
+    plan = poison;
+    plan.size = (uint32_t)sizeof plan;
+    int rc = ump_plan_transfer(p + 100, 4096, UMP_TO_HOST, -1, 1.0, &f, &plan);
+    CHECK(rc == UMP_OK && plan.path == UMP_PATH_VIEW && plan.view_possible,
+          "plan to the host of host memory: rc %d path %d (%s)", rc, (int)plan.path,
+          last_err_or("-"));
+    CHECK(f.bytes == 4096 && f.direction == UMP_TO_HOST && f.resident == UMP_RESIDENT_HOST &&
+              f.memory == UMP_MEMORY_PAGEABLE && f.touch == 1.0 && f.coherent == 0,
+          "facts: bytes %" PRIu64 " dir %d resident %d memory %d", f.bytes, f.direction,
+          f.resident, f.memory);
+    rc = ump_plan_transfer(p, 4096, UMP_TO_DEVICE, 0, 1.0, NULL, &plan);
+    CHECK(rc == UMP_OK && plan.path == UMP_PATH_COPY && !plan.view_possible,
+          "plan to a device without a GPU: rc %d path %d possible %d", rc, (int)plan.path,
+          plan.view_possible);
+    CHECK(ump_plan_transfer(p, 2 * MiB, UMP_TO_HOST, -1, 1.0, NULL, &plan) == UMP_ERR_INVALID &&
+              last_err_contains("past the end"),
+          "a range past its block: %s", last_err_or("-"));
+    CHECK(ump_plan_transfer(p, 16, UMP_TO_HOST, -1, 1.0, NULL, NULL) == UMP_ERR_NULL, "NULL plan");
+    CHECK(ump_plan_transfer(NULL, 16, UMP_TO_HOST, -1, 1.0, NULL, &plan) == UMP_ERR_NULL,
+          "NULL ptr");
+    CHECK(ump_plan_transfer(p, 16, 9, -1, 1.0, NULL, &plan) == UMP_ERR_INVALID, "direction 9");
+
+    /* Hinted access: validated like the plain calls; no GPU, so host access only checks. */
+    CHECK(ump_host_access(p, MiB, NULL) == UMP_OK, "ump_host_access: %s", last_err_or("-"));
+    CHECK(ump_host_access_ex(p, MiB, NULL, 0.01) == UMP_OK, "ump_host_access_ex: %s",
+          last_err_or("-"));
+    CHECK(ump_host_access_ex(p, MiB, NULL, -1.0) == UMP_ERR_INVALID, "host access touch -1");
+    CHECK(ump_host_access_ex(NULL, 8, NULL, 1.0) == UMP_ERR_NULL, "host access NULL");
+    CHECK(ump_device_access_ex(p, MiB, 0, NULL, 1.0) == UMP_ERR_UNSUPPORTED,
+          "device access without a GPU");
+    CHECK(ump_device_access_ex(p, MiB, 0, NULL, 0.0 / 0.0) == UMP_ERR_INVALID,
+          "device access touch NaN");
+    ump_free(p, MiB);
+}
+
 static void test_gpu_entry_points(void) {
     uint64_t e0 = ump_error_count();
     ump_clear_error();
@@ -1753,6 +1859,7 @@ int main(int argc, char **argv) {
         test_config_var();
         test_stats_and_scopes();
         test_gpu_entry_points(); /* 8 */
+        test_transfer();
         test_threads();         /* 9 */
     }
 
