@@ -196,8 +196,13 @@ def _unified_to(self, device, dtype, copy, torch):
 
 
 def _cpu(self, memory_format=None):
-    # The common cases leave at once: CPU tensors, and small ones when unified is off.
-    if not self.is_cuda or (self.nbytes < MIN_BYTES and not _state["unified"]):
+    # The common cases leave at once: subclasses (FakeTensor under torch.compile has symbolic
+    # sizes: no numel), CPU tensors, and small ones when unified is off.
+    if (
+        type(self) is not _orig["torch"].Tensor
+        or not self.is_cuda
+        or (self.nbytes < MIN_BYTES and not _state["unified"])
+    ):
         return _orig["cpu"](self) if memory_format is None else _orig["cpu"](self, memory_format=memory_format)
     torch = _orig["torch"]
     if memory_format is None or memory_format is torch.preserve_format:
@@ -225,6 +230,9 @@ def _to_cpu_maybe(args, kwargs, torch) -> bool:
 
 def _to(self, *args, **kwargs):
     torch = _orig["torch"]
+    if type(self) is not torch.Tensor:
+        # Subclasses (FakeTensor under torch.compile, with symbolic sizes) keep PyTorch's path.
+        return _orig["to"](self, *args, **kwargs)
     if _state["unified"]:
         if not set(kwargs) <= _TO_KEYS:
             return _orig["to"](self, *args, **kwargs)
@@ -252,7 +260,7 @@ def _to(self, *args, **kwargs):
 
 def _numpy(self, *, force=False):
     torch = _orig["torch"]
-    if force and self.is_cuda and (self.nbytes >= MIN_BYTES or _state["unified"]):
+    if force and type(self) is torch.Tensor and self.is_cuda and (self.nbytes >= MIN_BYTES or _state["unified"]):
         t = self.detach()
         if not (t.is_conj() or t.is_neg()):
             r = _unified_to(t, torch.device("cpu"), None, False, torch) or _fast_copy_to_cpu(t, None, torch)
