@@ -40,8 +40,9 @@ from . import _lib
 ROUTES = ("segments", "swap")
 
 #: What PyTorch cannot do on the ``swap`` route (its ``CUDAPluggableAllocator`` lacks it),
-#: measured with PyTorch 2.11; each raises ``RuntimeError: CUDAPluggableAllocator does not
-#: yet support ...``. The ``segments`` route has none of these limits.
+#: measured with PyTorch 2.11 (``python_tests/torch_checks.py``'s matrix): each raises
+#: ``RuntimeError: CUDAPluggableAllocator does not yet support ...``, but for a CUDA graph
+#: capture, which fails with a CUDA error. The ``segments`` route has none of these limits.
 SWAP_UNSUPPORTED = (
     "torch.cuda.memory_allocated / max_memory_allocated / memory_reserved / memory_stats / "
     "memory_summary (use ump_alloc.stats() and ump_alloc.memory_summary())",
@@ -49,6 +50,7 @@ SWAP_UNSUPPORTED = (
     "torch.cuda.memory._record_memory_history and _snapshot",
     "torch.backends.cudnn.benchmark = True (cuDNN's workspace query needs cacheInfo)",
     'torch.compile(mode="reduce-overhead") (CUDA graph trees check their pool)',
+    "torch.cuda.graph / CUDAGraph capture of work that allocates (the capture fails)",
     "a torch.cuda.MemPool of your own with torch.cuda.use_mem_pool",
     "sending CUDA tensors to other processes (torch.multiprocessing, CUDA IPC)",
 )
