@@ -285,8 +285,10 @@ def enable(
 
     ``cupy`` and ``torch``: None (default) switches each over where it is installed and a GPU
     mode is in force, right away if it is imported and otherwise the moment it is imported;
-    True requires it (errors raise); False leaves it alone. ``threads``: new threads started
-    through :mod:`threading` also allocate NumPy arrays from ump-alloc.
+    True requires it (errors raise); False leaves it alone. ``threads``: every thread of the
+    process allocates NumPy arrays from ump-alloc, those that exist already included (NumPy's
+    default handler dispatches to ump-alloc while enabled), except a thread that set a NumPy
+    handler of its own; ``threads=False``: only the calling thread's context.
 
     ``mode``, ``alignment`` and ``limit`` stand for ``UMP_ALLOC_MODE``, ``UMP_ALLOC_ALIGNMENT``
     and ``UMP_ALLOC_LIMIT`` (same syntax: ``limit=8 << 30`` or ``limit="8G"``, ``"none"``) and
