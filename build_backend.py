@@ -1,0 +1,65 @@
+"""The build backend (pyproject.toml's ``build-backend``): setuptools', with one check first.
+
+A wheel holds the Rust library, which cargo builds. Without cargo, a build would fail deep in
+pip's output (``[Errno 2] No such file or directory: 'cargo'``) after leaving ``build/`` and an
+``.egg-info`` in the source tree; this fails at once instead, with one line that says what to
+install, before setuptools writes anything. An sdist needs no cargo. ``UMP_BUILD_LIBRARY``
+(a built ``libump_alloc.so``, as ``scripts/wheel.sh`` passes) needs none either.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from setuptools import build_meta as _setuptools
+from setuptools.build_meta import *  # noqa: F401,F403 - every hook setuptools has
+
+NO_CARGO = (
+    "ump-alloc: building from source needs Rust's cargo, which was not found (not on PATH, not "
+    "in ~/.cargo/bin): install Rust (https://rustup.rs), then run pip again, or install a built "
+    "wheel (README: Installing)"
+)
+
+
+def _need_cargo() -> None:
+    if os.environ.get("UMP_BUILD_LIBRARY"):
+        return
+    cargo = os.environ.get("CARGO", "cargo")
+    if shutil.which(cargo):
+        return
+    home = os.path.join(os.path.expanduser("~"), ".cargo", "bin", "cargo")
+    if "CARGO" not in os.environ and os.access(home, os.X_OK):
+        os.environ["CARGO"] = home  # rustup's place, not on PATH in this shell: setup.py uses it
+        return
+    raise SystemExit(NO_CARGO)
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    _need_cargo()
+    return _setuptools.get_requires_for_build_wheel(config_settings)
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    _need_cargo()
+    return _setuptools.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    _need_cargo()
+    return _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
+
+
+def get_requires_for_build_editable(config_settings=None):
+    _need_cargo()
+    return _setuptools.get_requires_for_build_editable(config_settings)
+
+
+def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
+    _need_cargo()
+    return _setuptools.prepare_metadata_for_build_editable(metadata_directory, config_settings)
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    _need_cargo()
+    return _setuptools.build_editable(wheel_directory, config_settings, metadata_directory)
