@@ -285,3 +285,8 @@ def test_numpy_realloc_in_place(mode):
 @pytest.mark.parametrize("discard", ["1", "0"])
 def test_managed_residency(discard):
     check("managed_residency", "pinned", {"UMP_ALLOC_MANAGED_DISCARD": discard})
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_numpy_thread_made_before_enable(mode):
+    check("numpy_thread_made_before_enable", mode)
