@@ -76,7 +76,7 @@ def get_include() -> str:
     for d in (_os.path.join(here, "include"), _os.path.join(_os.path.dirname(_os.path.dirname(here)), "include")):
         if _os.path.isfile(_os.path.join(d, "ump_alloc.h")):
             return d
-    raise UmpError("ump_alloc.h not found: install the package (pip install ump-alloc)", _lib.ERR_CONFIG)
+    raise UmpError("ump_alloc.h not found: install the package (a built wheel, or pip install . in a checkout)", _lib.ERR_CONFIG)
 
 
 def get_libdir() -> str:
@@ -299,7 +299,7 @@ def enable(
     (``multiprocessing`` with ``spawn`` or ``forkserver``, ``subprocess`` running Python): it
     sets ``UMP_ALLOC=1`` and the settings given here in ``os.environ``, which those children
     inherit, and :func:`disable` puts the variables back. It needs ``ump_alloc.pth`` in
-    site-packages (``pip install ump-alloc`` puts it there). ``fork`` children need nothing:
+    site-packages (installing the package with pip puts it there). ``fork`` children need nothing:
     they inherit the parent's state.
 
     Calls nest: each ``enable()`` is undone by one :func:`disable`, innermost first, and the
@@ -325,7 +325,7 @@ def enable(
     if children and not _pth_installed():
         raise UmpError(
             "enable(children=True) needs ump_alloc.pth in site-packages, which switches ump-alloc "
-            "on in a child interpreter; install the package with pip (pip install ump-alloc, or "
+            "on in a child interpreter; install the package with pip (a built wheel, or "
             "pip install . from a checkout)",
             _lib.ERR_UNSUPPORTED,
         )
