@@ -178,3 +178,25 @@ def test_info_names_the_route_and_the_threads():
     )
     assert "NumPy handler: ump-alloc's own (NEP 49" in r.stdout, r.stdout
     assert "threads: all, those started before enabling too" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("route", ["native", "numpy_allocator"])
+def test_allocating_block_works_on_both_routes(route):
+    """ump-alloc's own buffers (PyTorch's .cpu() into the host side) come from ump-alloc inside
+    ``_numpy.allocating()`` whichever route is configured, and the thread's handler is back
+    after it."""
+    if route == "numpy_allocator":
+        pytest.importorskip("numpy_allocator")
+    code = (NO_NUMPY_ALLOCATOR if route == "native" else "") + textwrap.dedent(
+        """
+        import numpy as np, ump_alloc
+        from ump_alloc import _numpy
+        ump_alloc._init()
+        with _numpy.allocating():
+            a = np.empty(1 << 20, np.uint8)
+        b = np.empty(10)
+        print(ump_alloc.handles(a), ump_alloc.handles(b), _numpy.route())
+        """
+    )
+    r = run_python(code, env={"UMP_ALLOC_NO_CUDA": "1", "UMP_ALLOC_NUMPY_ROUTE": route})
+    assert r.stdout.split() == ["True", "False", route], r.stdout + r.stderr

@@ -23,6 +23,7 @@ its context, as NEP 49 intends.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ctypes
 import os
@@ -191,6 +192,17 @@ def uninstall() -> None:
         _dispatch_users -= 1
         if _dispatch_users == 0:
             _lib.check(_lib.lib().ump_numpy_dispatch_set(False), "ump_numpy_dispatch_set")
+
+
+@contextlib.contextmanager
+def allocating():
+    """NumPy allocates from ump-alloc inside the block, in the calling thread, on either route
+    (for ump-alloc's own buffers, e.g. PyTorch's ``.cpu()`` into the host side)."""
+    prev = _set(capsule())
+    try:
+        yield
+    finally:
+        _set(prev)
 
 
 def _default_handler():
