@@ -35,31 +35,27 @@ def _need_cargo() -> None:
     raise SystemExit(NO_CARGO)
 
 
-def get_requires_for_build_wheel(config_settings=None):
-    _need_cargo()
-    return _setuptools.get_requires_for_build_wheel(config_settings)
+def _checked(name: str):
+    """setuptools' hook ``name``, after the check."""
+    hook = getattr(_setuptools, name)
+
+    def run(*args, **kwargs):
+        _need_cargo()
+        return hook(*args, **kwargs)
+
+    run.__name__ = run.__qualname__ = name
+    run.__doc__ = hook.__doc__
+    return run
 
 
-def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
-    _need_cargo()
-    return _setuptools.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
-
-
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    _need_cargo()
-    return _setuptools.build_wheel(wheel_directory, config_settings, metadata_directory)
-
-
-def get_requires_for_build_editable(config_settings=None):
-    _need_cargo()
-    return _setuptools.get_requires_for_build_editable(config_settings)
-
-
-def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
-    _need_cargo()
-    return _setuptools.prepare_metadata_for_build_editable(metadata_directory, config_settings)
-
-
-def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
-    _need_cargo()
-    return _setuptools.build_editable(wheel_directory, config_settings, metadata_directory)
+# Every hook that leads to a wheel (PEP 517 and PEP 660); the sdist hooks stay setuptools'.
+for _name in (
+    "get_requires_for_build_wheel",
+    "prepare_metadata_for_build_wheel",
+    "build_wheel",
+    "get_requires_for_build_editable",
+    "prepare_metadata_for_build_editable",
+    "build_editable",
+):
+    globals()[_name] = _checked(_name)
+del _name
