@@ -87,6 +87,7 @@ def test_numpy_allocator_route_without_the_package_says_what_to_install():
     code = NO_NUMPY_ALLOCATOR + "import sys; from ump_alloc.__main__ import main; sys.exit(main(['info']))"
     info = run_python(code, env={"UMP_ALLOC_NO_CUDA": "1", "UMP_ALLOC_NUMPY_ROUTE": "numpy_allocator"}, check=False)
     assert "NOT installed" in info.stdout, info.stdout + info.stderr
+    assert info.returncode == 2 and "pip install numpy_allocator" in info.stderr, info.stdout + info.stderr
 
 
 def test_a_bad_route_is_a_configuration_error():

@@ -100,6 +100,9 @@ def config_errors() -> list[str]:
         msg = (last_error() or "invalid UMP_ALLOC_* setting").removeprefix("ump_config_check: ")
         out.append(f"configuration error: {msg}")
         clear_error()
+    if _os.environ.get("UMP_ALLOC_NUMPY_ROUTE", "").strip() == "numpy_allocator" and not _installed("numpy_allocator"):
+        out.append("configuration error: UMP_ALLOC_NUMPY_ROUTE=numpy_allocator, but numpy_allocator is not "
+                   "installed: pip install numpy_allocator, or unset UMP_ALLOC_NUMPY_ROUTE")
     out += [_unknown_message(n, near) for n, near in unknown_variables()]
     return out
 
