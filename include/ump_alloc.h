@@ -197,6 +197,33 @@ struct ump_transfer_plan {
   char reason[192];
 };
 
+// NumPy's `PyDataMemAllocator` (NEP 49): the context NumPy passes back and the four functions
+// a NumPy memory handler consists of. Same layout as NumPy's struct.
+struct ump_numpy_allocator {
+  // Passed as the first argument of every function (ump-alloc's own handlers ignore it).
+  void *ctx;
+  // Allocate `size` bytes (NumPy never asks for 0).
+  void *(*malloc)(void*, size_t);
+  // Allocate `nelem * elsize` zeroed bytes (NumPy calls it as `(nbytes, 1)`).
+  void *(*calloc)(void*, size_t, size_t);
+  // Resize a block, keeping its contents.
+  void *(*realloc)(void*, void*, size_t);
+  // Free a block; `size` is the size it was allocated with.
+  void (*free)(void*, void*, size_t);
+};
+
+// NumPy's `PyDataMem_Handler` (NEP 49, version 1): a name (127 bytes, so that the allocator
+// starts at byte 128), a version and the allocator functions. Same layout as NumPy's struct, so that a pointer to it can go into a capsule named
+// `"mem_handler"` for `PyDataMem_SetHandler`.
+struct ump_numpy_handler {
+  // NUL-terminated name, as `numpy.core.multiarray.get_handler_name()` reports it.
+  char name[127];
+  // NEP 49 handler version: 1.
+  uint8_t version;
+  // The functions NumPy calls.
+  struct ump_numpy_allocator allocator;
+};
+
 // Capabilities of one device.
 struct ump_device_caps {
   // CUDA device ordinal.
@@ -558,6 +585,47 @@ void *ump_realloc(void *ptr, size_t new_size);
 // trusted. `ptr == NULL` is a no-op. A foreign pointer, an interior pointer or a double free
 // is ignored, counted, and described by `ump_last_error()`; nothing is corrupted.
 void ump_free(void *ptr, size_t size);
+
+// `ump_malloc` with NEP 49's context argument (ignored). NumPy's handler function.
+void *ump_numpy_malloc(void *ctx, size_t size);
+
+// `ump_calloc` with NEP 49's context argument (ignored). NumPy's handler function.
+void *ump_numpy_calloc(void *ctx, size_t nelem, size_t elsize);
+
+// `ump_realloc` with NEP 49's context argument (ignored). NumPy's handler function.
+void *ump_numpy_realloc(void *ctx, void *ptr, size_t new_size);
+
+// `ump_free` with NEP 49's context argument (ignored). NumPy's handler function.
+void ump_numpy_free(void *ctx, void *ptr, size_t size);
+
+// NumPy's memory handler over ump-alloc: name `"ump_alloc"`, version 1, NULL context and the
+// `ump_numpy_*` functions. Wrap it in a capsule named `"mem_handler"` and pass that to NumPy's
+// `PyDataMem_SetHandler`. Static: valid for the life of the library. Never NULL.
+const struct ump_numpy_handler *ump_numpy_handler(void);
+
+// The dispatch handler (name `"ump_alloc_dispatch"`), made to take the place of the handler
+// `fallback` (NumPy's default one): put it into NumPy's default handler capsule
+// (`PyCapsule_SetPointer`) and every thread that has not set a handler of its own allocates
+// through it. While `ump_numpy_dispatch_set(true)` is in force its blocks come from ump-alloc,
+// otherwise from `fallback`'s functions; every block is resized and freed by the allocator that
+// made it. `fallback`'s allocator is copied at the first call; later calls must pass the same
+// handler (or the dispatch handler itself). Returns NULL (`UMP_ERR_NULL`, `UMP_ERR_INVALID`
+// for an incomplete handler or one of ours, `UMP_ERR_LOCKED` for another fallback), with the
+// message in `ump_last_error()`.
+//
+// # Safety
+// `fallback` is NULL or points to a live NumPy handler whose functions stay valid for the life
+// of the process (NumPy's default handler does).
+const struct ump_numpy_handler *ump_numpy_dispatch_handler(const struct ump_numpy_handler *fallback);
+
+// Switch the dispatch handler's new blocks to ump-alloc (`on`) or back to the handler it
+// stands in for. Blocks already made stay where they are and are freed where they came from.
+// Returns `UMP_OK`, or `UMP_ERR_INVALID` when switching on before
+// `ump_numpy_dispatch_handler` has set it up.
+int ump_numpy_dispatch_set(bool on);
+
+// Whether the dispatch handler allocates new blocks from ump-alloc now.
+bool ump_numpy_dispatching(void);
 
 // This thread's last error message, or NULL when there is none. The string stays valid until
 // the next failing call on this thread or `ump_clear_error()`.

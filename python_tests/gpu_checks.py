@@ -1868,3 +1868,42 @@ def _spin_torch(stream, ms):
 
     with torch.cuda.stream(stream):
         torch.cuda._sleep(int(ms * 1.5e6))
+
+
+def numpy_thread_made_before_enable():
+    """Issue 23: a thread that exists before ump-alloc is enabled (a pool worker) allocates its
+    NumPy arrays from ump-alloc afterwards (NumPy's default handler dispatches), so a GPU
+    kernel reads and writes them in place. The control: the same worker's array from before
+    enable() is NumPy's pageable memory, which the GPU cannot reach without HMM."""
+    import concurrent.futures
+
+    import cupy as cp
+
+    import ump_alloc
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        before = pool.submit(lambda: np.random.default_rng(seed).standard_normal(1 << 20).astype(np.float32)).result()
+        ib = ump_alloc.identify(before)
+        assert not ib.ours, ib
+        ump_alloc.enable(torch=False)
+
+        def make(s):
+            x = np.random.default_rng(s).standard_normal(3_000_001).astype(np.float32)
+            out = np.full_like(x, np.nan)  # poisoned: the kernel must write every element
+            return x, out, ump_alloc.is_enabled()
+
+        x, out, on = pool.submit(make, seed + 1).result()
+        assert on, "the worker made before enable() is not on ump-alloc"
+        for a in (x, out):
+            ident = ump_alloc.identify(a)
+            assert ident.ours and ident.device_accessible and ident.base == a.ctypes.data, ident
+        cp.ElementwiseKernel("float32 a", "float32 y", "y = a * 2 + 1", "ump_t23")(_cupy_view(x), _cupy_view(out))
+        cp.cuda.get_current_stream().synchronize()
+        assert not np.isnan(out).any(), "the kernel did not write the worker's array"
+        np.testing.assert_allclose(out, x * 2 + 1, rtol=1e-6, atol=1e-6)
+        del x, out
+        errors = ump_alloc.error_count()
+        ump_alloc.disable()
+    assert ump_alloc.error_count() == errors, ump_alloc.last_error()
+    print(f"worker made before enable(): {ib.kind} before, ours and device-accessible after ({ump_alloc.mode()})")

@@ -302,3 +302,8 @@ def test_transfer_choice_cupy(mode):
 @pytest.mark.parametrize("mode", supported_modes() or ["managed"])
 def test_transfer_choice_torch(mode):
     check("transfer_choice_torch", mode)
+
+
+@pytest.mark.parametrize("mode", SHARED or ["managed"])
+def test_numpy_thread_made_before_enable(mode):
+    check("numpy_thread_made_before_enable", mode)

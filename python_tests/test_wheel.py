@@ -1,7 +1,10 @@
-"""Packaging (issue 13): `pip wheel .` gives one py3-none-<platform> wheel holding the plain-named
-library, the header and a pkg-config file; built once, it installs into every CPython >= 3.9 found
-on this machine (pyenv's 3.9 ... 3.13 here), where `python -m ump_alloc --version/--include/
---libdir` work and a C program compiles and links against it with pkg-config."""
+"""Packaging (issues 13 and 23): ``scripts/wheel.sh`` makes one py3-none manylinux2014 wheel
+(glibc 2.17) holding the stripped, plain-named library, the header and a pkg-config file; built
+once (the slow step), it installs into every CPython >= 3.9 found on this machine (pyenv's
+3.9 ... 3.13 here), where NumPy runs on ump-alloc under ``UMP_ALLOC=1`` without numpy_allocator
+or a compiler (the oldest NumPy supported, 1.22, on 3.9), ``python -m ump_alloc --version/
+--include/--libdir`` work and a C program compiles and links against it with pkg-config. A
+source build without cargo stops at once with one line that says to install Rust."""
 
 import glob
 import os
@@ -9,11 +12,14 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import zipfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.join(ROOT, "target", "wheel-tools", "bin")
+PLAT = "manylinux2014_x86_64.manylinux_2_17_x86_64"
 
 
 def _cargo_version():
@@ -22,25 +28,33 @@ def _cargo_version():
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
+def dist(tmp_path_factory):
+    """The release wheel and its debug info, built once by scripts/wheel.sh."""
     if shutil.which("cargo") is None:
         pytest.skip("cargo is needed to build the wheel")
-    out = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), ROOT],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    out = tmp_path_factory.mktemp("dist")
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "wheel.sh"), str(out)], capture_output=True, text=True, timeout=3000)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "deprecat" not in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
-    (w,) = glob.glob(str(out / "*.whl"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheel(dist):
+    (w,) = glob.glob(str(dist / "*.whl"))
     return w
 
 
-def test_wheel_is_py3_none_with_plain_library_header_and_pkgconfig(wheel):
+@pytest.fixture(scope="module")
+def library(wheel, tmp_path_factory):
+    d = tmp_path_factory.mktemp("lib")
+    zipfile.ZipFile(wheel).extract("ump_alloc/libump_alloc.so", d)
+    return str(d / "ump_alloc" / "libump_alloc.so")
+
+
+def test_wheel_is_py3_none_manylinux_with_plain_library_header_and_pkgconfig(wheel):
     name = os.path.basename(wheel)
-    assert re.fullmatch(rf"ump_alloc-{re.escape(_cargo_version())}-py3-none-linux_x86_64\.whl", name), name
+    assert re.fullmatch(rf"ump_alloc-{re.escape(_cargo_version())}-py3-none-{re.escape(PLAT)}\.whl", name), name
     names = set(zipfile.ZipFile(wheel).namelist())
     for want in (
         "ump_alloc/libump_alloc.so",
@@ -53,17 +67,67 @@ def test_wheel_is_py3_none_with_plain_library_header_and_pkgconfig(wheel):
     ):
         assert want in names, f"{want} missing from {name}"
     assert not [n for n in names if "cpython" in n], "a file named for one Python version"
+    assert not [n for n in names if n.endswith(".debug")], "debug info belongs beside the wheel"
     for lic in ("LICENSE-MIT", "LICENSE-APACHE"):
         assert any(n.endswith(lic) for n in names), f"{lic} missing"
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    requires = [l for l in zipfile.ZipFile(wheel).read(meta).decode().splitlines() if l.startswith("Requires-Dist:")]
+    assert "Requires-Dist: numpy>=1.22" in requires, requires
+    assert all("extra ==" in l for l in requires if "numpy_allocator" in l), "numpy_allocator must be optional"
 
 
-def test_library_does_not_depend_on_python(wheel, tmp_path):
+def _readelf(*args):
     if shutil.which("readelf") is None:
         pytest.skip("readelf not found")
-    zipfile.ZipFile(wheel).extract("ump_alloc/libump_alloc.so", tmp_path)
-    dyn = subprocess.run(["readelf", "-d", str(tmp_path / "ump_alloc/libump_alloc.so")], capture_output=True, text=True).stdout
-    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dyn)
+    return subprocess.run(["readelf", "-W", *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_library_needs_glibc_2_17_and_no_python(library):
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", _readelf("-d", library))
     assert needed and not [n for n in needed if "python" in n], needed
+    allowed = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "libgcc_s.so.1", "ld-linux-x86-64.so.2"}
+    assert set(needed) <= allowed, needed
+    versions = {tuple(map(int, v.split("."))) for v in re.findall(r"@GLIBC_([0-9.]+)", _readelf("--dyn-syms", library))}
+    assert versions and max(versions) <= (2, 17), sorted(versions)
+
+
+def test_library_is_stripped_and_its_debug_info_kept_beside_the_wheel(library, dist):
+    sections = _readelf("-S", library)
+    assert ".debug_info" not in sections and ".gnu_debuglink" in sections, sections
+    assert os.path.getsize(library) < 2 << 20, os.path.getsize(library)
+    debug = dist / "libump_alloc.so.debug"
+    assert debug.is_file() and ".debug_info" in _readelf("-S", str(debug))
+
+
+def test_auditwheel_accepts_it_as_manylinux2014(wheel):
+    r = subprocess.run([os.path.join(TOOLS, "auditwheel"), "show", wheel], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert '"manylinux_2_17_x86_64"' in " ".join(r.stdout.split()), r.stdout
+
+
+def test_source_build_without_cargo_fails_with_one_line(tmp_path):
+    """No cargo anywhere (PATH, ~/.cargo/bin): pip stops at its first step with our one line,
+    no traceback, and the source tree gets no build/ and no .egg-info."""
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for f in filter(None, files.split("\0")):
+        if os.path.isfile(os.path.join(ROOT, f)):
+            os.makedirs(src / os.path.dirname(f), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, f), src / f)
+    path = [d for d in os.environ["PATH"].split(os.pathsep) if d and not os.path.exists(os.path.join(d, "cargo"))]
+    env = {k: v for k, v in os.environ.items() if k not in ("CARGO", "UMP_BUILD_LIBRARY", "CARGO_HOME", "RUSTUP_HOME")}
+    env.update(PATH=os.pathsep.join([os.path.dirname(sys.executable), *path]), HOME=str(tmp_path / "home"))
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", str(tmp_path / "out"), str(src)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out
+    line = "building from source needs Rust's cargo, which was not found"
+    assert out.count(line) == 1 and "install Rust (https://rustup.rs)" in out, out
+    assert "Traceback" not in out and "Errno 2" not in out, out
+    left = [p for p in glob.glob(str(src / "**"), recursive=True) if p.endswith(".egg-info") or os.path.basename(p) == "build"]
+    assert not left, left
 
 
 def _pythons():
@@ -103,6 +167,31 @@ int main(void) {
 """
 
 
+# Runs in each Python's venv under UMP_ALLOC=1: a thread pool made before NumPy is imported,
+# NumPy on ump-alloc in it and in the main thread, numpy_allocator not installed.
+NUMPY_CHECK = textwrap.dedent(
+    """
+    import concurrent.futures, sys
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    pool.submit(int).result()
+    import numpy as np, ump_alloc
+    from ump_alloc import _numpy
+    a = np.random.default_rng(0).standard_normal(1_000_000)
+    b = pool.submit(lambda: np.sqrt(np.abs(a)) + 1).result()
+    z = np.zeros(10_000)
+    ok = ump_alloc.handles(a) and ump_alloc.handles(b) and ump_alloc.handles(z) and not z.any()
+    ok = ok and abs(float(b.sum()) - float((np.sqrt(np.abs(a)) + 1).sum())) < 1e-6
+    try:
+        import numpy_allocator  # noqa: F401
+        ok = False  # must not be needed, so it is not installed here
+    except ImportError:
+        pass
+    ok = ok and ump_alloc.stats()["errors"]["total"] == 0 and _numpy.route() == "native"
+    print(np.__version__, "ok" if ok else "FAILED", ump_alloc.mode())
+    """
+)
+
+
 def test_one_wheel_installs_into_every_python(wheel, tmp_path):
     pythons = _pythons()
     if len(pythons) < 2:
@@ -115,9 +204,12 @@ def test_one_wheel_installs_into_every_python(wheel, tmp_path):
         if r.returncode != 0:
             continue  # a Python without venv/ensurepip
         py = str(venv / "bin" / "python")
-        r = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", wheel], capture_output=True, text=True)
-        assert r.returncode == 0, f"{v}: {r.stderr}"
+        # The oldest NumPy ump-alloc supports (1.22, the first with NEP 49) on the oldest Python.
+        numpy = "numpy==1.22.4" if v == "3.9" else "numpy"
         env = {k: val for k, val in os.environ.items() if not k.startswith("UMP_ALLOC") and k != "PYTHONPATH"}
+        pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--only-binary=:all:"]
+        r = subprocess.run([*pip, wheel, numpy], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+        assert r.returncode == 0, f"{v}: {r.stdout} {r.stderr}"
         r = subprocess.run([py, "-m", "ump_alloc", "--version"], capture_output=True, text=True, env=env, cwd=tmp_path)
         assert r.returncode == 0 and r.stdout.strip() == f"ump-alloc {version}", f"{v}: {r.stdout} {r.stderr}"
         inc = subprocess.run([py, "-m", "ump_alloc", "--include"], capture_output=True, text=True, env=env, cwd=tmp_path).stdout.strip()
@@ -125,7 +217,11 @@ def test_one_wheel_installs_into_every_python(wheel, tmp_path):
         assert os.path.isfile(os.path.join(inc, "ump_alloc.h")), f"{v}: {inc}"
         assert os.path.isfile(os.path.join(libdir, "libump_alloc.so")), f"{v}: {libdir}"
         assert str(venv) in libdir, f"{v}: loaded a library outside the venv: {libdir}"
-        done.append(v)
+        r = subprocess.run([py, "-c", NUMPY_CHECK], capture_output=True, text=True, env={**env, "UMP_ALLOC": "1"}, cwd=tmp_path, timeout=300)
+        assert r.returncode == 0 and " ok " in r.stdout, f"{v}: {r.stdout} {r.stderr}"
+        if v == "3.9":
+            assert r.stdout.startswith("1.22.4 "), r.stdout
+        done.append(f"{v} (NumPy {r.stdout.split()[0]})")
     assert len(done) >= 2, done
     # C users: compile and link against the last venv's copy with pkg-config.
     if shutil.which("pkg-config") is None or shutil.which("cc") is None:

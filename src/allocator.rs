@@ -504,6 +504,14 @@ pub fn block_alignment(n: usize) -> Result<usize> {
     })
 }
 
+/// Whether `ptr` lies in memory this library's pools hold (a live block or not). Memory from
+/// any other allocator never does: the registry covers only chunks this library mapped, and
+/// forgets a chunk before it goes back to the OS.
+#[inline]
+pub fn owns(ptr: usize) -> bool {
+    pool::entry_at(ptr).is_some()
+}
+
 /// The live block starting exactly at `ptr`, or the error that explains why not.
 pub fn block_at(ptr: usize) -> Result<BlockInfo> {
     match pool::lookup(ptr) {

@@ -118,6 +118,11 @@ pub const VARS: &[Var] = &[
         help: c"managed ranges from this size are prefetched to the host by ump_host_access",
     },
     Var {
+        name: c"UMP_ALLOC_NUMPY_ROUTE",
+        default: c"native",
+        help: c"native: NumPy gets ump-alloc's own NEP 49 handler (needs nothing but NumPy >= 1.22); numpy_allocator: through the numpy_allocator package (Python)",
+    },
+    Var {
         name: c"UMP_ALLOC_LIBRARY",
         default: c"(packaged)",
         help: c"path of libump_alloc.so to load instead of the packaged one (Python)",
@@ -273,6 +278,10 @@ impl Config {
                 parse_switch(&v).map_err(|e| Error::config(format!("{name}={v:?}: {e}")))?;
             }
         }
+        if let Some(v) = get("UMP_ALLOC_NUMPY_ROUTE") {
+            parse_numpy_route(&v)
+                .map_err(|e| Error::config(format!("UMP_ALLOC_NUMPY_ROUTE={v:?}: {e}")))?;
+        }
         for (name, slot) in [
             ("UMP_ALLOC_DEVICE_VMM", &mut c.device_vmm),
             ("UMP_ALLOC_MANAGED_DISCARD", &mut c.managed_discard),
@@ -385,6 +394,15 @@ pub fn parse_limit(v: &str) -> std::result::Result<Option<usize>, String> {
     }
 }
 
+/// How the Python package makes ump-alloc NumPy's handler (read by `ump_alloc`, validated
+/// here): `native` or `numpy_allocator`.
+fn parse_numpy_route(v: &str) -> std::result::Result<(), String> {
+    match v.trim() {
+        "native" | "numpy_allocator" => Ok(()),
+        _ => Err("expected native (ump-alloc's own NumPy handler, the default) or numpy_allocator (through the numpy_allocator package)".into()),
+    }
+}
+
 /// A switch: exactly "0" or "1" (surrounding blanks ignored).
 fn parse_switch(v: &str) -> std::result::Result<bool, String> {
     match v.trim() {
@@ -419,6 +437,21 @@ mod tests {
             let e = cfg(&[("UMP_ALLOC_CUPY_ZERO_COPY", bad)]).unwrap_err();
             assert!(
                 e.msg.contains("UMP_ALLOC_CUPY_ZERO_COPY") && e.msg.contains("0 or 1"),
+                "{}",
+                e.msg
+            );
+        }
+    }
+
+    #[test]
+    fn numpy_route_is_one_of_two() {
+        for ok in ["native", " numpy_allocator "] {
+            assert!(cfg(&[("UMP_ALLOC_NUMPY_ROUTE", ok)]).is_ok(), "{ok}");
+        }
+        for bad in ["numpy-allocator", "Native", "1"] {
+            let e = cfg(&[("UMP_ALLOC_NUMPY_ROUTE", bad)]).unwrap_err();
+            assert!(
+                e.msg.contains("UMP_ALLOC_NUMPY_ROUTE") && e.msg.contains("numpy_allocator"),
                 "{}",
                 e.msg
             );

@@ -80,7 +80,7 @@ def get_include() -> str:
     for d in (_os.path.join(here, "include"), _os.path.join(_os.path.dirname(_os.path.dirname(here)), "include")):
         if _os.path.isfile(_os.path.join(d, "ump_alloc.h")):
             return d
-    raise UmpError("ump_alloc.h not found: install the package (pip install ump-alloc)", _lib.ERR_CONFIG)
+    raise UmpError("ump_alloc.h not found: install the package (a built wheel, or pip install . in a checkout)", _lib.ERR_CONFIG)
 
 
 def get_libdir() -> str:
@@ -104,6 +104,9 @@ def config_errors() -> list[str]:
         msg = (last_error() or "invalid UMP_ALLOC_* setting").removeprefix("ump_config_check: ")
         out.append(f"configuration error: {msg}")
         clear_error()
+    if _os.environ.get("UMP_ALLOC_NUMPY_ROUTE", "").strip() == "numpy_allocator" and not _installed("numpy_allocator"):
+        out.append("configuration error: UMP_ALLOC_NUMPY_ROUTE=numpy_allocator, but numpy_allocator is not "
+                   "installed: pip install numpy_allocator, or unset UMP_ALLOC_NUMPY_ROUTE")
     out += [_unknown_message(n, near) for n, near in unknown_variables()]
     return out
 
@@ -297,8 +300,10 @@ def enable(
 
     ``cupy`` and ``torch``: None (default) switches each over where it is installed and a GPU
     mode is in force, right away if it is imported and otherwise the moment it is imported;
-    True requires it (errors raise); False leaves it alone. ``threads``: new threads started
-    through :mod:`threading` also allocate NumPy arrays from ump-alloc.
+    True requires it (errors raise); False leaves it alone. ``threads``: every thread of the
+    process allocates NumPy arrays from ump-alloc, those that exist already included (NumPy's
+    default handler dispatches to ump-alloc while enabled), except a thread that set a NumPy
+    handler of its own; ``threads=False``: only the calling thread's context.
 
     ``mode``, ``alignment`` and ``limit`` stand for ``UMP_ALLOC_MODE``, ``UMP_ALLOC_ALIGNMENT``
     and ``UMP_ALLOC_LIMIT`` (same syntax: ``limit=8 << 30`` or ``limit="8G"``, ``"none"``) and
@@ -309,7 +314,7 @@ def enable(
     (``multiprocessing`` with ``spawn`` or ``forkserver``, ``subprocess`` running Python): it
     sets ``UMP_ALLOC=1`` and the settings given here in ``os.environ``, which those children
     inherit, and :func:`disable` puts the variables back. It needs ``ump_alloc.pth`` in
-    site-packages (``pip install ump-alloc`` puts it there). ``fork`` children need nothing:
+    site-packages (installing the package with pip puts it there). ``fork`` children need nothing:
     they inherit the parent's state.
 
     Calls nest: each ``enable()`` is undone by one :func:`disable`, innermost first, and the
@@ -340,7 +345,7 @@ def enable(
     if children and not _pth_installed():
         raise UmpError(
             "enable(children=True) needs ump_alloc.pth in site-packages, which switches ump-alloc "
-            "on in a child interpreter; install the package with pip (pip install ump-alloc, or "
+            "on in a child interpreter; install the package with pip (a built wheel, or "
             "pip install . from a checkout)",
             _lib.ERR_UNSUPPORTED,
         )

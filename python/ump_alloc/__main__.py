@@ -122,6 +122,10 @@ def info() -> int:
                   "arrays made before the fork")
     else:
         print(f"  why: {caps['mode_reason']}")
+    if _dist_version("numpy") is not None:
+        from ump_alloc import _numpy
+
+        print("\n".join(_numpy.describe()))
     if _dist_version("cupy") is not None and not fatal:
         try:
             import cupy  # noqa: F401

@@ -115,7 +115,7 @@ def _host_empty(shape, stride, dtype, torch):
     from . import _numpy
 
     nbytes = _numel(shape) * (dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size())
-    with _numpy.handler_class():
+    with _numpy.allocating():
         buf = np.empty(nbytes, np.uint8)
     storage = torch.from_numpy(buf).untyped_storage()  # keeps `buf` (and its memory) alive
     return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape), tuple(stride))

@@ -1,4 +1,5 @@
-//! The C contract, one file per consumer. Every export:
+//! The C contract, one file per consumer (NumPy's has two: the `ump_malloc` family in `numpy`,
+//! its NEP 49 handler objects in `numpy_handler`). Every export:
 //! - starts with `ump_` and carries a doc comment that cbindgen copies into the header;
 //! - runs inside [`guard`], the one panic boundary: a panic becomes `UMP_ERR_INTERNAL` (or
 //!   NULL), with its message in `ump_last_error()`, and never unwinds into C;
@@ -7,6 +8,7 @@
 pub mod access;
 pub mod cupy;
 pub mod numpy;
+pub mod numpy_handler;
 pub mod query;
 pub mod scope;
 pub mod torch;
