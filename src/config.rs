@@ -330,14 +330,27 @@ pub fn parse_bytes(v: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| "byte count overflows".to_string())
 }
 
-/// A limit: "none" (no limit) or a positive byte count. 0 is refused: it would make every
-/// allocation fail.
+/// Smallest accepted limit: one arena, the chunk a pool maps for every block under half of it
+/// (small blocks share it, one slab per size class). Below it no pool could map its usual
+/// chunk, and a limit of a few KiB failed even NumPy's first 48-byte array.
+pub const MIN_LIMIT: usize = crate::pool::ARENA;
+
+/// A limit: "none" (no limit) or a byte count of at least [`MIN_LIMIT`]. 0 and smaller
+/// counts are refused: they would fail every allocation (or nearly).
 pub fn parse_limit(v: &str) -> std::result::Result<Option<usize>, String> {
     if v.trim().eq_ignore_ascii_case("none") {
         return Ok(None);
     }
     match parse_bytes(v)? {
         0 => Err("a limit of 0 bytes would fail every allocation; use a positive size such as 8G, or \"none\" (or leave it unset) for no limit".into()),
+        n if n < MIN_LIMIT => Err(format!(
+            "{n} bytes is below the minimum of {}M, one arena (the chunk a pool maps for its \
+             blocks under {} MiB): a smaller limit fails nearly every allocation; the value \
+             counts bytes (K, M, G, T: powers of 1024), so use a size such as 8G, or \"none\" \
+             for no limit",
+            MIN_LIMIT >> 20,
+            MIN_LIMIT >> 21
+        )),
         n => Ok(Some(n)),
     }
 }
@@ -432,6 +445,27 @@ mod tests {
         );
         assert!(cfg(&[("UMP_ALLOC_LIMIT", "0G")]).is_err());
         assert_eq!(parse_limit(" None "), Ok(None));
+    }
+
+    #[test]
+    fn limits_below_one_arena_are_refused_with_the_minimum() {
+        // Each of these was accepted, then failed every allocation (a 48-byte array included).
+        for bad in ["1", "64K", "128K", "1M", "63M", "67108863"] {
+            let e = cfg(&[("UMP_ALLOC_LIMIT", bad)]).unwrap_err();
+            assert_eq!(e.status, crate::error::Status::UMP_ERR_CONFIG, "{bad}");
+            assert!(
+                e.msg.starts_with(&format!("UMP_ALLOC_LIMIT={bad:?}: "))
+                    && e.msg.contains("below the minimum of 64M"),
+                "{}",
+                e.msg
+            );
+        }
+        assert_eq!(MIN_LIMIT, crate::pool::ARENA);
+        assert_eq!(
+            cfg(&[("UMP_ALLOC_LIMIT", "64M")]).unwrap().limit,
+            Some(64 << 20)
+        );
+        assert_eq!(parse_limit("67108864"), Ok(Some(MIN_LIMIT)));
     }
 
     #[test]

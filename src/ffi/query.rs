@@ -212,12 +212,15 @@ pub extern "C" fn ump_init() -> c_int {
     status("ump_init", || allocator::init().map(|_| ()))
 }
 
-/// Check the `UMP_ALLOC_*` configuration without initialising: `UMP_OK`, or `UMP_ERR_CONFIG`
-/// with the variable, its value and what it accepts in `ump_last_error`. Nothing is fixed, so
-/// a tool can report a bad setting and still show what would be chosen.
+/// Check the `UMP_ALLOC_*` configuration without initialising, with the verdict `ump_init`
+/// would give: `UMP_OK`; `UMP_ERR_CONFIG` for a malformed value (the variable, its value and
+/// what it accepts in `ump_last_error`); `UMP_ERR_UNSUPPORTED` for a mode or side this machine
+/// cannot do (what is missing and what to use instead). Settings made with `ump_set_mode` and
+/// the like count as `ump_init` counts them. Nothing is fixed, so a tool can report a bad
+/// setting and still show what would be chosen. After initialisation: `UMP_OK`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_config_check() -> c_int {
-    status("ump_config_check", || allocator::env_config().map(|_| ()))
+    status("ump_config_check", allocator::check)
 }
 
 /// Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before

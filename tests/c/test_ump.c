@@ -872,6 +872,8 @@ static void test_before_init(void) {
     CHECK(ump_alignment() == g_align, "ump_alignment() before init = %zu want %zu",
           ump_alignment(), g_align);
     test_capabilities(0);
+    CHECK(ump_config_check() == UMP_OK, "ump_config_check() before init = %s",
+          last_err_or("-"));
     /* A GPU mode this machine cannot do is refused now, with the missing capability. */
     uint64_t e0 = ump_error_count();
     ump_clear_error();
@@ -1524,6 +1526,10 @@ static void test_bad_config(void) {
     CHECK(strstr(caps.mode_reason, "UMP_ALLOC_ALIGNMENT") != NULL,
           "ump_capabilities mode_reason \"%s\" does not name UMP_ALLOC_ALIGNMENT",
           caps.mode_reason);
+
+    rc = ump_config_check();
+    CHECK(rc == UMP_ERR_CONFIG && last_err_contains("UMP_ALLOC_ALIGNMENT"),
+          "ump_config_check() with a bad config = %d (%s)", rc, last_err_or("NULL"));
 
     uint64_t e0 = ump_error_count();
     ump_clear_error();
