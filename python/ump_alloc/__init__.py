@@ -93,8 +93,9 @@ def _init() -> None:
 
 def config_errors() -> list[str]:
     """Problems with the ``UMP_ALLOC_*`` environment, without initialising: the configuration
-    error (which stops ump-alloc from starting), and a line per variable ump-alloc does not know
-    (a misspelling, with the closest known name)."""
+    error (which stops ump-alloc from starting: a malformed value, or a mode or side this
+    machine cannot do, the verdict a program run with ``UMP_ALLOC=1`` gets), and a line per
+    variable ump-alloc does not know (a misspelling, with the closest known name)."""
     out = []
     if _lib.lib().ump_config_check() != _lib.OK:
         msg = (last_error() or "invalid UMP_ALLOC_* setting").removeprefix("ump_config_check: ")
@@ -329,13 +330,13 @@ def enable(
         )
     L = _lib.lib()
     if alignment is not None:
-        _lib.check(L.ump_set_alignment(int(alignment)), "ump_set_alignment")
+        _setting("alignment", alignment, "ump_set_alignment", lambda: L.ump_set_alignment(int(alignment)))
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, (int, str)):
             raise TypeError(f"limit is a byte count or a string such as '8G' or 'none', not {limit!r}")
-        _lib.check(L.ump_set_limit(str(limit).encode()), "ump_set_limit")
+        _setting("limit", limit, "ump_set_limit", lambda: L.ump_set_limit(str(limit).encode()))
     if mode is not None:
-        _lib.check(L.ump_set_mode(str(mode).encode()), "ump_set_mode")
+        _setting("mode", mode, "ump_set_mode", lambda: L.ump_set_mode(str(mode).encode()))
     _init()
     done: list[str] = []
     if numpy:
@@ -358,6 +359,15 @@ def enable(
         env = {k: _os.environ.get(k) for k in wanted_env}
         _os.environ.update(wanted_env)
     _frames.append(_Frame(done, env))
+
+
+def _setting(keyword: str, value, function: str, call) -> None:
+    """Apply one of :func:`enable`'s settings through the library; a refusal raises UmpError
+    naming the keyword and its value (``enable(mode='managed'): ...``), not the C function."""
+    status = call()
+    if status != _lib.OK:
+        msg = (last_error() or f"{function} failed with {_lib.STATUS_NAMES.get(status, status)}")
+        raise UmpError(f"enable({keyword}={value!r}): {msg.removeprefix(function + ': ')}", status)
 
 
 def _warn_if_forkserver_running() -> None:

@@ -92,7 +92,10 @@ def info() -> int:
     state = "fixed" if caps["mode_fixed"] else "would be chosen"
     print()
     align = f"{caps['alignment']} bytes" if caps["alignment"] else "invalid (see the configuration error)"
-    print(f"Mode: {caps['mode']} ({state}); alignment {align}")
+    if caps["mode"] == "unset" and not caps["mode_fixed"]:
+        print("Mode: none: this configuration cannot start ump-alloc (the configuration error above)")
+    else:
+        print(f"Mode: {caps['mode']} ({state}); alignment {align}")
     if caps["host_reason"] or caps["device_reason"]:
         print(f"  host side (NumPy):            {caps['host_side']}")
         print(f"    why: {caps['host_reason']}")
