@@ -1,7 +1,8 @@
 """`info` and the configuration tell the truth (issue 23): `info` gives the verdict a program
 run with UMP_ALLOC=1 gets, hints are whole sentences, `enable()`'s errors name its keywords,
-and limits too small to serve anything are refused."""
+limits too small to serve anything are refused, and `info` shows what each value means."""
 
+import json
 import os
 import subprocess
 import sys
@@ -139,3 +140,27 @@ def test_the_minimum_limit_serves_numpy():
                            "try:\n    np.ones(80 << 20, np.uint8)\nexcept MemoryError:\n    print('refused')\n")
     assert ran and err is None, r.stderr
     assert "ran True 101006.0" in r.stdout and "refused" in r.stdout, r.stdout
+
+
+def test_info_shows_what_each_value_means():
+    r = _info({"UMP_ALLOC_LIMIT": "8GB", "UMP_ALLOC_HOST_RETAIN": "1536M", "UMP_ALLOC_PINNED_LIMIT": "25%",
+               "UMP_ALLOC_TORCH_UNIFIED": "1", "UMP_ALLOC_MODE": "Host"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = lambda name: next(x for x in r.stdout.splitlines() if x.startswith(f"  {name} "))  # noqa: E731
+    assert " = 8GB = 8 GiB (8589934592 bytes) " in line("UMP_ALLOC_LIMIT"), line("UMP_ALLOC_LIMIT")
+    assert " = 1536M = 1.5 GiB (1610612736 bytes) " in line("UMP_ALLOC_HOST_RETAIN")
+    assert " = 25% = " in line("UMP_ALLOC_PINNED_LIMIT") and " bytes) of " in line("UMP_ALLOC_PINNED_LIMIT")
+    assert " = 1 = 1 (on) " in line("UMP_ALLOC_TORCH_UNIFIED")
+    assert " = Host " in line("UMP_ALLOC_MODE") and "Host = " not in line("UMP_ALLOC_MODE"), "same value: shown once"
+    assert " = (default 256M) " in _info({}).stdout
+    out = run_python("import json, ump_alloc; print(json.dumps(ump_alloc.config_table()))", env={"UMP_ALLOC_LIMIT": "8GB"})
+    rows = {row["name"]: row for row in json.loads(out.stdout)}
+    assert rows["UMP_ALLOC_LIMIT"]["value"] == "8GB" and rows["UMP_ALLOC_LIMIT"]["parsed"] == "8 GiB (8589934592 bytes)"
+    assert rows["UMP_ALLOC_ALIGNMENT"]["value"] is None and rows["UMP_ALLOC_ALIGNMENT"]["parsed"] == "512 bytes"
+
+
+def test_invalid_value_is_marked_in_the_table():
+    r = _info({"UMP_ALLOC_LIMIT": "lots"})
+    assert r.returncode == 2
+    line = next(x for x in r.stdout.splitlines() if x.startswith("  UMP_ALLOC_LIMIT "))
+    assert "lots  (invalid: see the configuration error)" in line, line

@@ -110,7 +110,7 @@ def unknown_variables() -> list[tuple[str, str | None]]:
     closest known name (or None)."""
     import difflib
 
-    known = {row["name"] for row in config_table()}
+    known = {row["name"] for row in _config_rows()}
     out = []
     for name in sorted(_os.environ):
         if name.startswith("UMP_ALLOC") and name not in known:
@@ -575,7 +575,19 @@ def capabilities() -> dict:
 
 
 def config_table() -> list[dict]:
-    """Every UMP_ALLOC_* variable: name, default, meaning and the value in the environment."""
+    """Every UMP_ALLOC_* variable: ``name``, ``default``, ``help`` (its meaning), ``value`` (as
+    typed in the environment, or None) and ``parsed``: what the library makes of the value in
+    force, the value or else the default (``"8 GiB (8589934592 bytes)"`` for ``8GB``), or None
+    when the value is invalid (:func:`config_errors` says why)."""
+    rows = _config_rows()
+    for row in rows:
+        value = row["value"]
+        row["parsed"] = _describe(row["name"], value if value is not None and value.strip() else row["default"])
+    return rows
+
+
+def _config_rows() -> list[dict]:
+    """:func:`config_table` without ``parsed``."""
     L = _lib.lib()
     rows = []
     i = 0
@@ -588,6 +600,15 @@ def config_table() -> list[dict]:
         i += 1
     L.ump_clear_error()  # the row past the end is reported as an error
     return rows
+
+
+def _describe(name: str, value: str) -> str | None:
+    """``ump_config_describe``: what ``value`` means for variable ``name``, or None if invalid."""
+    buf = _ctypes.create_string_buffer(256)
+    if _lib.lib().ump_config_describe(name.encode(), value.encode(), buf, len(buf)) != _lib.OK:
+        clear_error()
+        return None
+    return buf.value.decode(errors="replace")
 
 
 # ---- statistics ----------------------------------------------------------------------------------
