@@ -1,7 +1,9 @@
 """`info` and the configuration tell the truth (issue 23): `info` gives the verdict a program
 run with UMP_ALLOC=1 gets, hints are whole sentences, `enable()`'s errors name its keywords,
-limits too small to serve anything are refused, and `info` shows what each value means."""
+limits too small to serve anything are refused, a wrong UMP_ALLOC_LIBRARY is one clear line,
+and `info` shows what each value means."""
 
+import ctypes
 import json
 import os
 import subprocess
@@ -140,6 +142,50 @@ def test_the_minimum_limit_serves_numpy():
                            "try:\n    np.ones(80 << 20, np.uint8)\nexcept MemoryError:\n    print('refused')\n")
     assert ran and err is None, r.stderr
     assert "ran True 101006.0" in r.stdout and "refused" in r.stdout, r.stdout
+
+
+def _foreign_library():
+    import _ctypes
+
+    path = getattr(_ctypes, "__file__", None)
+    if not path or not path.endswith(".so"):
+        pytest.skip("no shared library at hand that is not ump-alloc's")
+    return path
+
+
+def test_library_that_is_not_ours_is_one_clear_line(tmp_path):
+    other = _foreign_library()
+    text = tmp_path / "libump_alloc.so"
+    text.write_text("not a library\n")
+    for path, what in ((other, "is not libump_alloc: it exports none of its functions (no ump_malloc)"),
+                       (str(text), "cannot be loaded")):
+        info = _info({"UMP_ALLOC_LIBRARY": path})
+        assert info.returncode == 2, info.stdout + info.stderr
+        assert info.stdout == "", info.stdout
+        lines = info.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"ump_alloc: UMP_ALLOC_LIBRARY={path!r} {what}"), info.stderr
+        assert "unset it to load the packaged one" in lines[0], lines[0]
+        r = run_python("import ump_alloc\nump_alloc.enable()", env={"UMP_ALLOC_LIBRARY": path}, check=False)
+        assert r.returncode == 1 and "Traceback" in r.stderr
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ump_alloc._lib.UmpError: UMP_ALLOC_LIBRARY={path!r} {what}"), r.stderr
+        assert "AttributeError" not in r.stderr and "OSError" not in r.stderr, r.stderr
+
+
+def test_library_missing_newer_functions_names_its_version(tmp_path):
+    """A libump_alloc that lacks functions this package declares (another version) is named as
+    such; the control (every function present) loads."""
+    from ump_alloc import _lib
+
+    assert all(hasattr(ctypes.CDLL(ump_alloc.library_path()), n) for n in _lib.SIGNATURES)
+    r = run_python(
+        "from ump_alloc import _lib\n"
+        "_lib.SIGNATURES['ump_function_of_a_later_version'] = (None, [])\n"
+        "try:\n    _lib.lib()\nexcept _lib.UmpError as e:\n    print(e)\n",
+        env={"UMP_ALLOC_LIBRARY": ump_alloc.library_path()},
+    )
+    assert (f"is a libump_alloc {ump_alloc.version()} this package cannot use: it lacks "
+            "ump_function_of_a_later_version (a library of another version)") in r.stdout, r.stdout
 
 
 def test_info_shows_what_each_value_means():

@@ -766,9 +766,13 @@ def __getattr__(name: str):
         try:
             return version()
         except (UmpError, OSError):
+            from importlib.metadata import PackageNotFoundError
             from importlib.metadata import version as _dist_version
 
-            return _dist_version("ump-alloc")
+            try:
+                return _dist_version("ump-alloc")
+            except PackageNotFoundError:
+                return "unknown"
     # The zero-copy functions import NumPy: loaded on first use, so that ``import ump_alloc``
     # (and UMP_ALLOC=1's hook, which imports it at NumPy's import) imports no NumPy itself.
     if name in _LAZY:
