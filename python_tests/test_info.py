@@ -1,7 +1,8 @@
 """`info` and the configuration tell the truth (issue 23): `info` gives the verdict a program
 run with UMP_ALLOC=1 gets, hints are whole sentences, `enable()`'s errors name its keywords,
 limits too small to serve anything are refused, a wrong UMP_ALLOC_LIBRARY is one clear line,
-and `info` shows what each value means."""
+`info` shows what each value means, and the warning about an unknown variable points at the
+program's own line."""
 
 import ctypes
 import json
@@ -210,3 +211,25 @@ def test_invalid_value_is_marked_in_the_table():
     assert r.returncode == 2
     line = next(x for x in r.stdout.splitlines() if x.startswith("  UMP_ALLOC_LIMIT "))
     assert "lots  (invalid: see the configuration error)" in line, line
+
+
+def _warning_site(tmp_path, source, env):
+    script = tmp_path / "prog.py"
+    script.write_text(source)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=_env(env), timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if "RuntimeWarning: UMP_ALLOC_MODEE is set" in x]
+    assert len(lines) == 1, r.stderr
+    return lines[0].split(": RuntimeWarning")[0], str(script)
+
+
+def test_unknown_variable_warning_points_at_the_program(tmp_path):
+    _pth()
+    site, script = _warning_site(tmp_path, "import os\nx = 1\nimport numpy\n", {"UMP_ALLOC": "1", "UMP_ALLOC_MODEE": "host"})
+    assert site == f"{script}:3", site
+    site, script = _warning_site(tmp_path, "import ump_alloc\n\nump_alloc.enable(cupy=False, torch=False)\n",
+                                 {"UMP_ALLOC_MODEE": "host"})
+    assert site == f"{script}:3", site
+    site, script = _warning_site(tmp_path, "import ump_alloc\nwith ump_alloc.enabled(cupy=False, torch=False):\n    pass\n",
+                                 {"UMP_ALLOC_MODEE": "host"})
+    assert site == f"{script}:2", site

@@ -133,7 +133,29 @@ def _warn_unknown_vars() -> None:
         return
     _warned_unknown = True
     for name, near in unknown_variables():
-        _warnings.warn(_unknown_message(name, near), RuntimeWarning, stacklevel=4)
+        _warnings.warn(_unknown_message(name, near), RuntimeWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by the caller of this function point at
+    the first frame outside ump-alloc, its import hook, the import machinery and contextlib:
+    the program's ``enable()`` call, or under ``UMP_ALLOC=1`` the statement that imported
+    NumPy (or CuPy, PyTorch)."""
+    import sys
+
+    here = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
+    skip = ("importlib", "_ump_alloc_hooks.py", "contextlib.py")
+    frame = sys._getframe(2)  # the caller of the function that warns: stacklevel 2
+    level = 2
+    while frame is not None:
+        name = frame.f_code.co_filename
+        # warnings.warn does not count the import system's own frames (importlib._bootstrap).
+        if not ("importlib" in name and "_bootstrap" in name):
+            if not (_os.path.abspath(name).startswith(here) or any(k in name for k in skip)):
+                return level
+            level += 1
+        frame = frame.f_back
+    return 2
 
 
 def mode() -> str:
