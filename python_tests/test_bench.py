@@ -108,3 +108,18 @@ def test_numpy_workloads_write_and_read_every_array():
     assert "[::512]" not in src and "np.empty(" not in src
     for name in ("small", "medium", "large", "resize"):
         assert f"def {name}()" in src
+
+
+def test_numpy_bench_runs_the_same_workloads():
+    """benches/numpy_bench.py and `python -m ump_alloc bench` run one source of workloads, so
+    their NumPy numbers measure the same thing."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "benches", "numpy_bench.py")
+    if not os.path.exists(path):
+        pytest.skip("not a checkout")
+    spec = importlib.util.spec_from_file_location("numpy_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert _bench.NUMPY_WORKLOADS in module.WORKER
