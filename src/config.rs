@@ -65,7 +65,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: c"UMP_ALLOC_LIMIT",
         default: c"none",
-        help: c"cap on bytes mapped by the host pool and by each device, all streams together (e.g. 8G); beyond it allocations fail cleanly",
+        help: c"cap on bytes mapped by the host pool and by each device, all streams together (e.g. 8G; at least 64M, one arena); beyond it allocations fail cleanly",
     },
     Var {
         name: c"UMP_ALLOC_HOST_RETAIN",
