@@ -43,31 +43,33 @@ def test_bench_quick_json_alternates_rounds_of_both_allocators():
 
 def test_verdict_only_where_every_run_beats_every_other():
     ms = "x (ms)"
-    assert _bench.verdict(ms, [10, 11, 12], [5, 6, 7]) == "ump-alloc 1.83x faster"
-    assert _bench.verdict(ms, [5, 6, 7], [10, 11, 12]) == "default 1.83x faster"
+    assert _bench.verdict(ms, [10, 11, 11.5, 12], [5, 6, 6.5, 7]) == "ump-alloc 1.80x faster"
+    assert _bench.verdict(ms, [5, 6, 6.5, 7], [10, 11, 11.5, 12]) == "default 1.80x faster"
     # A single overlapping run withholds the verdict, whatever the medians say: the noise
     # that flipped the old single-run verdict between "ump 1.99x" and "default 1.78x".
-    assert _bench.verdict(ms, [147, 150, 345], [120, 125, 160]) == "same within noise"
+    assert _bench.verdict(ms, [147, 150, 152, 345], [120, 125, 126, 160]) == "same within noise"
+    # Too few runs for any verdict (3 each: 1 chance in 10 by luck).
+    assert _bench.verdict(ms, [10, 11, 12], [5, 6, 7]) == "too few rounds for a verdict"
     assert _bench.verdict(ms, [10], []) == "-"
     gbs = "y (GB/s)"  # higher is better
-    assert _bench.verdict(gbs, [10, 11, 12], [50, 51, 52]) == "ump-alloc 4.64x faster"
-    assert _bench.verdict(gbs, [50, 51, 52], [10, 11, 12]) == "default 4.64x faster"
-    assert _bench._chance(5) == 126 and _bench._chance(7) == 1716
+    assert _bench.verdict(gbs, [10, 11, 11, 12], [50, 51, 51, 52]) == "ump-alloc 4.64x faster"
+    assert _bench.verdict(gbs, [50, 51, 51, 52], [10, 11, 11, 12]) == "default 4.64x faster"
+    assert _bench._chance(4) == 35 and _bench._chance(5) == 126 and _bench._chance(7) == 1716
 
 
 def test_table_shows_medians_spread_and_verdict(tmp_path):
-    rows = [{"name": "x (GB/s)", "default": 2.0, "ump": 4.0, "default_runs": [1.9, 2.0, 2.1],
-             "ump_runs": [3.9, 4.0, 4.2]},
-            {"name": "y (ns)", "default": 100.0, "ump": 200.0, "default_runs": [90.0, 100.0, 250.0],
-             "ump_runs": [180.0, 200.0, 230.0]}]
+    rows = [{"name": "x (GB/s)", "default": 2.0, "ump": 4.0, "default_runs": [1.9, 2.0, 2.0, 2.1],
+             "ump_runs": [3.9, 4.0, 4.0, 4.2]},
+            {"name": "y (ns)", "default": 100.0, "ump": 200.0, "default_runs": [90.0, 100.0, 100.0, 250.0],
+             "ump_runs": [180.0, 200.0, 200.0, 230.0]}]
     for row in rows:
         row["better"] = _bench.verdict(row["name"], row["default_runs"], row["ump_runs"])
-    result = {"rows": rows, "skipped": ["torch: not installed"], "gpu": False, "quick": True, "rounds": 3,
+    result = {"rows": rows, "skipped": ["torch: not installed"], "gpu": False, "quick": True, "rounds": 4,
               "python": "3", "time": "now"}
     text = _bench.table(result)
     assert "2.00 (1.90-2.10)" in text and "4.00 (3.90-4.20)" in text, text
     assert "ump-alloc 2.00x faster" in text and "100.0 (90.0-250.0)" in text and "same within noise" in text, text
-    assert "1 chance in 10 with 3 rounds" in text and "not measured: torch" in text
+    assert "1 chance in 35 with 4 rounds" in text and "not measured: torch" in text
     assert "only the host part ran" in text
     pytest.importorskip("matplotlib")
     png = tmp_path / "b.png"
@@ -123,3 +125,17 @@ def test_numpy_bench_runs_the_same_workloads():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert _bench.NUMPY_WORKLOADS in module.WORKER
+
+
+def test_runs_not_on_the_allocator_they_name_stop_the_bench(monkeypatch, capsys):
+    """UMP_ALLOC=1 without ump_alloc.pth switches nothing on: the comparison would be the
+    default with itself. The bench refuses up front, and each run checks what it measured."""
+    import ump_alloc
+
+    monkeypatch.setattr(ump_alloc, "_pth_installed", lambda: False)
+    assert _bench.main(["--quick"]) == 2
+    assert "needs ump_alloc.pth in site-packages" in capsys.readouterr().err
+    monkeypatch.setitem(_bench._WORKERS, "numpy", "import json; print(json.dumps({'x (ms)': 1.0, 'on ump-alloc': False}))")
+    with pytest.raises(RuntimeError, match="the UMP_ALLOC=1 run allocated from its default allocator"):
+        _bench._run("numpy", True, True)
+    assert _bench._run("numpy", False, True) == {"x (ms)": 1.0}  # control: a default run that is

@@ -108,6 +108,8 @@ for name, fn in WORKLOADS:
     check = fn()
     out[ROWS[name]] = (time.perf_counter() - t) * 1e3
     out["check " + name] = check
+import ump_alloc
+out["on ump-alloc"] = bool(ump_alloc.handles(np.ones(4)))
 print(json.dumps(out))
 """,
     "cupy": _COMMON
@@ -156,6 +158,7 @@ for size, label in ((4096, "4 KiB"), (1 << 20, "1 MiB")):
             m = cp.cuda.alloc(size); del m
     loop()
     out[f"CuPy alloc+free {label} (ns)"] = med(loop, 3) / count * 1e9
+out["on ump-alloc"] = bool(ump_alloc.identify(cp.empty(1)).ours)
 print(json.dumps(out))
 """,
     "torch": _COMMON
@@ -178,6 +181,8 @@ def down():
     t.cpu()
 down()
 out[f"PyTorch .cpu(), {mib} MiB (GB/s)"] = mib * 2**20 / med(down, 5, sync) / 1e9
+import ump_alloc
+out["on ump-alloc"] = bool(ump_alloc.identify(torch.empty(1, device="cuda")).ours)
 print(json.dumps(out))
 """,
 }
@@ -222,7 +227,16 @@ def _run(worker: str, ump: bool, quick: bool) -> dict:
     )
     if r.returncode != 0:
         raise RuntimeError(f"{worker} benchmark ({'UMP_ALLOC=1' if ump else 'default'}) failed:\n{r.stderr.strip()[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    on = out.pop("on ump-alloc", ump)
+    if on != ump:
+        # A comparison of the default with itself would look like "same within noise".
+        raise RuntimeError(
+            f"{worker} benchmark: the {'UMP_ALLOC=1' if ump else 'default'} run allocated "
+            f"{'from its default allocator' if ump else 'from ump-alloc'}; "
+            + ("is ump_alloc.pth in site-packages (pip install the package: PYTHONPATH alone does not run .pth files)?"
+               if ump else "is UMP_ALLOC set by a sitecustomize or .pth file of its own?"))
+    return out
 
 
 def _progress(total: int) -> Callable[[str], None]:
@@ -250,13 +264,19 @@ def _progress(total: int) -> Callable[[str], None]:
 
 
 def check_ready() -> None:
-    """Raise :class:`BenchError` if the ump-alloc runs could not start: a configuration error
-    stops every program run with ``UMP_ALLOC=1``, so nothing would be measured."""
+    """Raise :class:`BenchError` if the ump-alloc runs could not start or would not be on
+    ump-alloc: a configuration error stops every program run with ``UMP_ALLOC=1``, and without
+    ``ump_alloc.pth`` the variable switches nothing on (each run also checks, in its own
+    interpreter, which allocator it measured)."""
     import ump_alloc
 
     for p in ump_alloc.config_errors():
         if p.startswith("configuration error:"):
             raise BenchError(f"{p} (python -m ump_alloc info shows the configuration)")
+    if not ump_alloc._pth_installed():
+        raise BenchError("the ump-alloc runs switch on through UMP_ALLOC=1, which needs ump_alloc.pth in "
+                         "site-packages: install the package with pip (pip install . in a checkout); "
+                         "PYTHONPATH alone does not run .pth files")
 
 
 def measure(quick: bool = False, rounds: int | None = None) -> dict:
@@ -316,12 +336,20 @@ def _speed(name: str, default: float, ump: float) -> float:
     return default / ump if ump else math.inf
 
 
+#: Fewest runs of each setting for a verdict: with 4, two equal allocators give one by chance
+#: once in 35 times; with 3, once in 10.
+MIN_VERDICT_ROUNDS = 4
+
+
 def verdict(name: str, default_runs: list, ump_runs: list) -> str:
     """"ump-alloc 1.35x faster" / "default 1.35x faster" (by the medians) only when every run
-    of one beat every run of the other; "same within noise" when the runs overlap; "-" when a
-    side was not measured."""
+    of one beat every run of the other, each side having at least ``MIN_VERDICT_ROUNDS`` runs;
+    "same within noise" when the runs overlap; "too few rounds" below that; "-" when a side was
+    not measured."""
     if not default_runs or not ump_runs:
         return "-"
+    if min(len(default_runs), len(ump_runs)) < MIN_VERDICT_ROUNDS:
+        return "too few rounds for a verdict"
     higher = any(x in name for x in _HIGHER_BETTER)
     d_lo, d_hi, u_lo, u_hi = min(default_runs), max(default_runs), min(ump_runs), max(ump_runs)
     ump_wins = u_lo > d_hi if higher else u_hi < d_lo
@@ -366,10 +394,12 @@ def table(result: dict) -> str:
     ]
     for r, (d, u) in zip(rows, cells):
         lines.append(f"{r['name']:<{w}}  {d:<{c}}  {u:<{c}}  {r['better']}")
-    if n:
+    if n >= MIN_VERDICT_ROUNDS:
         lines.append(f"A verdict only where every run of one setting beat every run of the other (for two "
                      f"equal allocators, 1 chance in {_chance(n)} with {n} rounds); otherwise the "
                      "difference is within this machine's noise.")
+    elif n:
+        lines.append(f"No verdicts with {n} rounds: {MIN_VERDICT_ROUNDS} or more are needed.")
     for s in result["skipped"]:
         lines.append(f"(not measured: {s})")
     if not result["gpu"]:
@@ -430,7 +460,8 @@ def main(argv: Iterable[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m ump_alloc bench", description=" ".join(__doc__.split("\n\n")[:2]).replace("``", ""))
     p.add_argument("--quick", action="store_true", help="smaller GPU sizes, shorter loops and 5 rounds instead of 7")
-    p.add_argument("--rounds", type=int, default=None, help="rounds of each setting (default 7, 5 with --quick)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"rounds of each setting (default 7, 5 with --quick; verdicts need {MIN_VERDICT_ROUNDS})")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines)")
     p.add_argument("--plot", metavar="FILE.png", help="draw a chart (needs matplotlib)")
     args = p.parse_args(list(argv) if argv is not None else None)
