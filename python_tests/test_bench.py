@@ -139,3 +139,32 @@ def test_runs_not_on_the_allocator_they_name_stop_the_bench(monkeypatch, capsys)
     with pytest.raises(RuntimeError, match="the UMP_ALLOC=1 run allocated from its default allocator"):
         _bench._run("numpy", True, True)
     assert _bench._run("numpy", False, True) == {"x (ms)": 1.0}  # control: a default run that is
+
+
+@pytest.mark.gpu
+def test_bench_gpu_rows_measure_both_allocators():
+    """On a GPU: the CuPy and PyTorch rows run in both settings (each run checked its allocator:
+    CuPy's pool and PyTorch's caching allocator by default, ump-alloc under UMP_ALLOC=1), the
+    GPU result read by NumPy is verified element by element in every run (fresh values per
+    repetition), and every value is a measurement."""
+    r = _bench_cmd("--quick", "--json", "--rounds", "4", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["gpu"], out
+    names = {row["name"]: row for row in out["rows"]}
+    wanted = ["cupy.asarray, 64 MiB (GB/s)", "cupy.asnumpy, 64 MiB (GB/s)",
+              "GPU result read by NumPy: ump_alloc.asnumpy + max, 64 MiB (ms)",
+              "pipeline NumPy -> GPU -> NumPy, 64 MiB (ms)", "CuPy alloc+free 4 KiB (ns)", "CuPy alloc+free 1 MiB (ns)"]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            wanted += ["PyTorch empty+free 4 KiB (ns)", "PyTorch empty+free 1 MiB (ns)", "PyTorch .cpu(), 64 MiB (GB/s)"]
+    except ImportError:
+        pass
+    for name in wanted:
+        row = names.get(name)
+        assert row is not None, (name, sorted(names), out["skipped"])
+        assert len(row["default_runs"]) == 4 and len(row["ump_runs"]) == 4, row
+        assert all(v > 0 for v in row["default_runs"] + row["ump_runs"]), row
+        assert row["better"] != "-" and row["better"] != "too few rounds for a verdict", row
