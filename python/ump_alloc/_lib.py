@@ -299,10 +299,12 @@ def _which_library(path: str) -> str:
 
 
 def _fix_hint() -> str:
+    """What to do about a library that cannot be used, by where it came from."""
     if os.environ.get("UMP_ALLOC_LIBRARY"):
         return ("point UMP_ALLOC_LIBRARY at the libump_alloc.so built with this package "
                 "(target/release/libump_alloc.so in a checkout), or unset it to load the packaged one")
-    return "reinstall the package (pip install --force-reinstall ump-alloc, or pip install . in a checkout)"
+    return ("reinstall ump-alloc: the library next to this Python package does not belong to it "
+            "(pip install --force-reinstall --no-deps . in a checkout, or the wheel it came from)")
 
 
 def lib() -> ctypes.CDLL:
