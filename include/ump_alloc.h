@@ -643,10 +643,26 @@ uint64_t ump_error_count(void);
 // (`UMP_ERR_CONFIG`, `UMP_ERR_UNSUPPORTED`) before any allocation.
 int ump_init(void);
 
-// Check the `UMP_ALLOC_*` configuration without initialising: `UMP_OK`, or `UMP_ERR_CONFIG`
-// with the variable, its value and what it accepts in `ump_last_error`. Nothing is fixed, so
-// a tool can report a bad setting and still show what would be chosen.
+// Check the `UMP_ALLOC_*` configuration without initialising, with the verdict `ump_init`
+// would give: `UMP_OK`; `UMP_ERR_CONFIG` for a malformed value (the variable, its value and
+// what it accepts in `ump_last_error`); `UMP_ERR_UNSUPPORTED` for a mode or side this machine
+// cannot do (what is missing and what to use instead). Settings made with `ump_set_mode` and
+// the like count as `ump_init` counts them. Nothing is fixed, so a tool can report a bad
+// setting and still show what would be chosen. After initialisation: `UMP_OK`.
 int ump_config_check(void);
+
+// Write what `value` means for configuration variable `name` (a row of `ump_config_var`),
+// parsed as the configuration parses it, NUL-terminated into `out` (`out_len` bytes): "8 GiB
+// (8589934592 bytes)" for `UMP_ALLOC_LIMIT` = "8GB"; a row with no parsed form (a path) gives
+// the value back. Returns `UMP_OK`; `UMP_ERR_CONFIG` when the value is invalid, with the
+// message the configuration would give in `ump_last_error()` (a query's answer, not counted
+// in `ump_stats`); `UMP_ERR_INVALID` for a name with no row or an `out_len` too small;
+// `UMP_ERR_NULL`. `out` is written only on success.
+//
+// # Safety
+// `name` and `value` are NULL or NUL-terminated strings; `out` is NULL or writable for
+// `out_len` bytes.
+int ump_config_describe(const char *name, const char *value, char *out, size_t out_len);
 
 // Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before
 // the first allocation. A mode this machine cannot do gives `UMP_ERR_UNSUPPORTED` with the

@@ -105,19 +105,7 @@ pub fn init() -> Result<&'static Allocator> {
     if let Some(a) = STATE.get() {
         return Ok(a);
     }
-    let mut config = config?;
-    {
-        let o = lock(&OVERRIDES);
-        if let Some(m) = o.mode {
-            config.mode = m;
-        }
-        if let Some(a) = o.alignment {
-            config.alignment = a;
-        }
-        if let Some(l) = o.limit {
-            config.limit = l;
-        }
-    }
+    let config = with_overrides(config?);
     let selection = caps.select_sides(config.mode, config.host_side, config.device_side)?;
     crate::backing::set_pinned_cap(config.pinned_limit.bytes(os::memory_available()));
     let host = HostPools::new(selection.sides.host, &config);
@@ -136,6 +124,34 @@ pub fn init() -> Result<&'static Allocator> {
         device_pool_lock: Mutex::new(()),
     };
     Ok(STATE.get_or_init(|| a))
+}
+
+/// `config` with the settings made through the API (`set_mode` and the like) in force.
+fn with_overrides(mut config: Config) -> Config {
+    let o = lock(&OVERRIDES);
+    if let Some(m) = o.mode {
+        config.mode = m;
+    }
+    if let Some(a) = o.alignment {
+        config.alignment = a;
+    }
+    if let Some(l) = o.limit {
+        config.limit = l;
+    }
+    config
+}
+
+/// The verdict [`init`] would give on the configuration, without initialising: the
+/// environment's values, then the mode and sides they ask for on this machine. `Ok` once
+/// initialised.
+pub fn check() -> Result<()> {
+    if STATE.get().is_some() {
+        return Ok(());
+    }
+    let config = with_overrides(env_config()?);
+    caps()
+        .select_sides(config.mode, config.host_side, config.device_side)
+        .map(|_| ())
 }
 
 /// Request a mode before the first allocation. Afterwards only the mode in force is accepted.

@@ -65,7 +65,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: c"UMP_ALLOC_LIMIT",
         default: c"none",
-        help: c"cap on bytes mapped by the host pool and by each device, all streams together (e.g. 8G); beyond it allocations fail cleanly",
+        help: c"cap on bytes mapped by the host pool and by each device, all streams together (e.g. 8G; at least 64M, one arena); beyond it allocations fail cleanly",
     },
     Var {
         name: c"UMP_ALLOC_HOST_RETAIN",
@@ -382,14 +382,27 @@ pub fn parse_bytes(v: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| "byte count overflows".to_string())
 }
 
-/// A limit: "none" (no limit) or a positive byte count. 0 is refused: it would make every
-/// allocation fail.
+/// Smallest accepted limit: one arena, the chunk a pool maps for every block under half of it
+/// (small blocks share it, one slab per size class). Below it no pool could map its usual
+/// chunk, and a limit of a few KiB failed even NumPy's first 48-byte array.
+pub const MIN_LIMIT: usize = crate::pool::ARENA;
+
+/// A limit: "none" (no limit) or a byte count of at least [`MIN_LIMIT`]. 0 and smaller
+/// counts are refused: they would fail every allocation (or nearly).
 pub fn parse_limit(v: &str) -> std::result::Result<Option<usize>, String> {
     if v.trim().eq_ignore_ascii_case("none") {
         return Ok(None);
     }
     match parse_bytes(v)? {
         0 => Err("a limit of 0 bytes would fail every allocation; use a positive size such as 8G, or \"none\" (or leave it unset) for no limit".into()),
+        n if n < MIN_LIMIT => Err(format!(
+            "{n} bytes is below the minimum of {}M, one arena (the chunk a pool maps for its \
+             blocks under {} MiB): a smaller limit fails nearly every allocation; the value \
+             counts bytes (K, M, G, T: powers of 1024), so use a size such as 8G, or \"none\" \
+             for no limit",
+            MIN_LIMIT >> 20,
+            MIN_LIMIT >> 21
+        )),
         n => Ok(Some(n)),
     }
 }
@@ -401,6 +414,77 @@ fn parse_numpy_route(v: &str) -> std::result::Result<(), String> {
         "native" | "numpy_allocator" => Ok(()),
         _ => Err("expected native (ump-alloc's own NumPy handler, the default) or numpy_allocator (through the numpy_allocator package)".into()),
     }
+}
+
+/// What `value` means for variable `name`, parsed exactly as [`Config::from_lookup`] parses it
+/// (the other variables unset): "8 GiB (8589934592 bytes)" for `UMP_ALLOC_LIMIT=8GB`, "11.7 GiB
+/// (...) of 23.4 GiB (...)" for `UMP_ALLOC_PINNED_LIMIT=50%` with `memory` bytes available. An
+/// invalid value gives the error `from_lookup` gives; a row with no parsed form (a path) gives
+/// the value back; a name with no row gives `UMP_ERR_INVALID`.
+pub fn describe(name: &str, value: &str, memory: usize) -> Result<String> {
+    if !VARS.iter().any(|v| v.name.to_bytes() == name.as_bytes()) {
+        return Err(Error::invalid(format!(
+            "no configuration variable {name:?}"
+        )));
+    }
+    let c = Config::from_lookup(|k| (k == name).then(|| value.to_string()))?;
+    let v = value.trim();
+    let switch = |on: bool| if on { "1 (on)" } else { "0 (off)" }.to_string();
+    Ok(match name {
+        "UMP_ALLOC_MODE" => c.mode.name().to_string(),
+        "UMP_ALLOC_HOST_SIDE" => match c.host_side {
+            SideRequest::Auto => "auto".into(),
+            SideRequest::Forced(h) => h.name().into(),
+        },
+        "UMP_ALLOC_DEVICE_SIDE" => match c.device_side {
+            SideRequest::Auto => "auto".into(),
+            SideRequest::Forced(d) => d.name().into(),
+        },
+        "UMP_ALLOC_PINNED_LIMIT" => match c.pinned_limit {
+            PinnedLimit::Bytes(b) => show_bytes(b),
+            PinnedLimit::Percent(_) => format!(
+                "{} of {}",
+                show_bytes(c.pinned_limit.bytes(memory)),
+                show_bytes(memory)
+            ),
+        },
+        "UMP_ALLOC_ALIGNMENT" => format!("{} bytes", c.alignment),
+        "UMP_ALLOC_LIMIT" => c.limit.map_or("no limit".into(), show_bytes),
+        "UMP_ALLOC_HOST_RETAIN" => show_bytes(c.host_retain),
+        "UMP_ALLOC_HEADROOM" => show_bytes(c.headroom),
+        "UMP_ALLOC_PREFETCH_MIN" => show_bytes(c.prefetch_min),
+        "UMP_ALLOC_DEVICE_VMM" => switch(c.device_vmm),
+        "UMP_ALLOC_MANAGED_DISCARD" => switch(c.managed_discard),
+        "UMP_ALLOC_TORCH_FAST_CPU" => switch(c.torch_fast_cpu),
+        "UMP_ALLOC_TORCH_UNIFIED" => switch(c.torch_unified),
+        "UMP_ALLOC_CUPY_ZERO_COPY" => switch(c.cupy_zero_copy),
+        "UMP_ALLOC_OVERSUBSCRIBE" => switch(c.oversubscribe),
+        "UMP_ALLOC_TORCH_ROUTE" => match c.torch_route {
+            TorchRoute::Segments => "segments".into(),
+            TorchRoute::Swap => "swap".into(),
+        },
+        // Validated by from_lookup above but kept nowhere in `Config`.
+        "UMP_ALLOC" | "UMP_ALLOC_NO_CUDA" if !v.is_empty() => switch(v == "1"),
+        _ => v.to_string(),
+    })
+}
+
+/// A byte count for people: "8 GiB (8589934592 bytes)", "1.5 GiB (1610612736 bytes)",
+/// "1000 bytes".
+pub fn show_bytes(n: usize) -> String {
+    const UNITS: [(u32, &str); 4] = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")];
+    for (shift, unit) in UNITS {
+        let one = 1usize << shift;
+        if n >= one {
+            let whole = if n % one == 0 {
+                format!("{} {unit}", n >> shift)
+            } else {
+                format!("{:.1} {unit}", n as f64 / one as f64)
+            };
+            return format!("{whole} ({n} bytes)");
+        }
+    }
+    format!("{n} bytes")
 }
 
 /// A switch: exactly "0" or "1" (surrounding blanks ignored).
@@ -508,6 +592,73 @@ mod tests {
         );
         assert!(cfg(&[("UMP_ALLOC_LIMIT", "0G")]).is_err());
         assert_eq!(parse_limit(" None "), Ok(None));
+    }
+
+    #[test]
+    fn limits_below_one_arena_are_refused_with_the_minimum() {
+        // Each of these was accepted, then failed every allocation (a 48-byte array included).
+        for bad in ["1", "64K", "128K", "1M", "63M", "67108863"] {
+            let e = cfg(&[("UMP_ALLOC_LIMIT", bad)]).unwrap_err();
+            assert_eq!(e.status, crate::error::Status::UMP_ERR_CONFIG, "{bad}");
+            assert!(
+                e.msg.starts_with(&format!("UMP_ALLOC_LIMIT={bad:?}: "))
+                    && e.msg.contains("below the minimum of 64M"),
+                "{}",
+                e.msg
+            );
+        }
+        assert_eq!(MIN_LIMIT, crate::pool::ARENA);
+        assert_eq!(
+            cfg(&[("UMP_ALLOC_LIMIT", "64M")]).unwrap().limit,
+            Some(64 << 20)
+        );
+        assert_eq!(parse_limit("67108864"), Ok(Some(MIN_LIMIT)));
+    }
+
+    #[test]
+    fn describe_shows_the_parsed_value() {
+        let d = |n: &str, v: &str| describe(n, v, 16 << 30);
+        assert_eq!(
+            d("UMP_ALLOC_LIMIT", "8GB").unwrap(),
+            "8 GiB (8589934592 bytes)"
+        );
+        assert_eq!(d("UMP_ALLOC_LIMIT", " none ").unwrap(), "no limit");
+        assert_eq!(
+            d("UMP_ALLOC_HOST_RETAIN", "1536M").unwrap(),
+            "1.5 GiB (1610612736 bytes)"
+        );
+        assert_eq!(
+            d("UMP_ALLOC_PINNED_LIMIT", "25%").unwrap(),
+            // The cap as the pool computes it (memory / 100 * percent).
+            "4.0 GiB (4294967275 bytes) of 16 GiB (17179869184 bytes)"
+        );
+        assert_eq!(d("UMP_ALLOC_ALIGNMENT", "4096").unwrap(), "4096 bytes");
+        assert_eq!(d("UMP_ALLOC_MODE", "Managed").unwrap(), "managed");
+        assert_eq!(d("UMP_ALLOC_DEVICE_SIDE", "DEVICE").unwrap(), "device");
+        assert_eq!(d("UMP_ALLOC_TORCH_UNIFIED", "1").unwrap(), "1 (on)");
+        assert_eq!(d("UMP_ALLOC", "0").unwrap(), "0 (off)");
+        assert_eq!(d("UMP_ALLOC_PREFETCH_MIN", "1000").unwrap(), "1000 bytes");
+        assert_eq!(
+            d("UMP_ALLOC_LIBRARY", "/x/libump_alloc.so").unwrap(),
+            "/x/libump_alloc.so"
+        );
+        // Invalid values give the error the configuration gives; unknown names are refused.
+        for (n, v) in [
+            ("UMP_ALLOC_LIMIT", "64K"),
+            ("UMP_ALLOC_ALIGNMENT", "3"),
+            ("UMP_ALLOC", "true"),
+        ] {
+            let e = d(n, v).unwrap_err();
+            assert_eq!(e.msg, cfg(&[(n, v)]).unwrap_err().msg);
+        }
+        let e = d("UMP_ALLOC_MODEE", "host").unwrap_err();
+        assert_eq!(e.status, crate::error::Status::UMP_ERR_INVALID);
+        // Every row of the table is described (by value or as typed).
+        for v in VARS {
+            let name = v.name.to_str().unwrap();
+            d(name, v.default.to_str().unwrap())
+                .unwrap_or_else(|e| panic!("the default of {name}: {}", e.msg));
+        }
     }
 
     #[test]

@@ -438,12 +438,39 @@ impl MachineCaps {
     }
 
     /// Resolve a request to sides, with the reason for each. A forced preset or side the
-    /// machine cannot do is an error naming the missing capability and what to use instead.
+    /// machine cannot do is an error naming the missing capability and what to use instead,
+    /// in the terms of the environment (`UMP_ALLOC_MODE=host`): the request `init` and
+    /// `ump_capabilities` resolve.
     pub fn select_sides(
         &self,
         mode: ModeRequest,
         host: SideRequest<HostSide>,
         device: SideRequest<DeviceSide>,
+    ) -> Result<Selection> {
+        self.resolve(mode, host, device, |m| {
+            format!("UMP_ALLOC_MODE={m} (or auto)")
+        })
+    }
+
+    /// [`select_sides`](Self::select_sides) for a mode requested through a call
+    /// (`ump_set_mode`, Python's `enable(mode=...)`), with both sides from the mode: an
+    /// unavailable mode names the fix as that call's argument (`mode="host"`), not as a
+    /// variable the caller did not set.
+    pub fn select(&self, req: ModeRequest) -> Result<(Mode, String)> {
+        let s = self.resolve(req, SideRequest::Auto, SideRequest::Auto, |m| {
+            format!("mode=\"{m}\" (or mode=\"auto\")")
+        })?;
+        Ok((s.mode, s.reason()))
+    }
+
+    /// The resolution behind both: `mode_fix(name)` spells "use the mode `name`" for the
+    /// message when the requested mode is not available.
+    fn resolve(
+        &self,
+        mode: ModeRequest,
+        host: SideRequest<HostSide>,
+        device: SideRequest<DeviceSide>,
+        mode_fix: impl Fn(&str) -> String,
     ) -> Result<Selection> {
         let (auto, auto_host, auto_device) = self.auto_sides();
         let (mut sides, mut host_reason, mut device_reason) = match mode {
@@ -451,10 +478,9 @@ impl MachineCaps {
             ModeRequest::Forced(m) => {
                 if let Err(missing) = self.supports(m) {
                     return Err(Error::unsupported(format!(
-                        "mode '{}' is not available on this machine: {missing}; use \
-                         UMP_ALLOC_MODE={} (or auto)",
+                        "mode '{}' is not available on this machine: {missing}; use {}",
                         m.name(),
-                        Mode::of(auto).name()
+                        mode_fix(Mode::of(auto).name())
                     )));
                 }
                 let why = format!("UMP_ALLOC_MODE={}", m.name());
@@ -475,13 +501,15 @@ impl MachineCaps {
         }
         if let SideRequest::Forced(d) = device {
             if let Err(missing) = self.supports_device(d) {
-                let alt = if auto.device == DeviceSide::None {
-                    "(no GPU: leave it unset)".to_string()
+                let fix = if auto.device == DeviceSide::None {
+                    "unset UMP_ALLOC_DEVICE_SIDE (or set it to auto): without a usable GPU there \
+                     is no device side"
+                        .to_string()
                 } else {
-                    format!("UMP_ALLOC_DEVICE_SIDE={} (or auto)", auto.device.name())
+                    format!("use UMP_ALLOC_DEVICE_SIDE={} (or auto)", auto.device.name())
                 };
                 return Err(Error::unsupported(format!(
-                    "device side '{}' is not available on this machine: {missing}; use {alt}",
+                    "device side '{}' is not available on this machine: {missing}; {fix}",
                     d.name()
                 )));
             }
@@ -494,12 +522,6 @@ impl MachineCaps {
             host_reason,
             device_reason,
         })
-    }
-
-    /// [`select_sides`](Self::select_sides) with both sides from the mode.
-    pub fn select(&self, req: ModeRequest) -> Result<(Mode, String)> {
-        let s = self.select_sides(req, SideRequest::Auto, SideRequest::Auto)?;
-        Ok((s.mode, s.reason()))
     }
 }
 
@@ -576,10 +598,27 @@ mod tests {
     #[test]
     fn forcing_system_without_hmm_is_a_clear_error() {
         let h200 = machine(vec![dev(false, false, true, true)]);
-        let e = h200.select(ModeRequest::Forced(Mode::System)).unwrap_err();
+        let e = h200
+            .select_sides(
+                ModeRequest::Forced(Mode::System),
+                SideRequest::Auto,
+                SideRequest::Auto,
+            )
+            .unwrap_err();
         assert_eq!(e.status, crate::error::Status::UMP_ERR_UNSUPPORTED);
         assert!(e.msg.contains("pageable memory access"), "{}", e.msg);
         assert!(e.msg.contains("UMP_ALLOC_MODE=pinned"), "{}", e.msg);
+        // Asked through a call (ump_set_mode, enable(mode=...)): the fix is that call's
+        // argument, not a variable the caller never set.
+        let e = h200.select(ModeRequest::Forced(Mode::System)).unwrap_err();
+        assert_eq!(e.status, crate::error::Status::UMP_ERR_UNSUPPORTED);
+        assert!(e.msg.contains("pageable memory access"), "{}", e.msg);
+        assert!(
+            e.msg.contains("use mode=\"pinned\" (or mode=\"auto\")"),
+            "{}",
+            e.msg
+        );
+        assert!(!e.msg.contains("UMP_ALLOC_MODE"), "{}", e.msg);
     }
 
     #[test]
@@ -592,9 +631,17 @@ mod tests {
             Mode::Device,
             Mode::Pinned,
         ] {
-            let e = none.select(ModeRequest::Forced(m)).unwrap_err();
+            let e = none
+                .select_sides(ModeRequest::Forced(m), SideRequest::Auto, SideRequest::Auto)
+                .unwrap_err();
             assert!(
                 e.msg.contains("no usable GPU") && e.msg.contains("UMP_ALLOC_MODE=host"),
+                "{}",
+                e.msg
+            );
+            let e = none.select(ModeRequest::Forced(m)).unwrap_err();
+            assert!(
+                e.msg.contains("no usable GPU") && e.msg.contains("use mode=\"host\""),
                 "{}",
                 e.msg
             );
@@ -654,7 +701,15 @@ mod tests {
                 SideRequest::Forced(DeviceSide::Managed),
             )
             .unwrap_err();
-        assert!(e.msg.contains("no GPU"), "{}", e.msg);
+        assert!(
+            e.msg.ends_with(
+                "no usable GPU (no libcuda); unset UMP_ALLOC_DEVICE_SIDE (or set it to auto): \
+                 without a usable GPU there is no device side"
+            ),
+            "{}",
+            e.msg
+        );
+        assert!(!e.msg.contains("use ("), "a hint with no value: {}", e.msg);
     }
 
     #[test]

@@ -97,8 +97,9 @@ def _init() -> None:
 
 def config_errors() -> list[str]:
     """Problems with the ``UMP_ALLOC_*`` environment, without initialising: the configuration
-    error (which stops ump-alloc from starting), and a line per variable ump-alloc does not know
-    (a misspelling, with the closest known name)."""
+    error (which stops ump-alloc from starting: a malformed value, or a mode or side this
+    machine cannot do, the verdict a program run with ``UMP_ALLOC=1`` gets), and a line per
+    variable ump-alloc does not know (a misspelling, with the closest known name)."""
     out = []
     if _lib.lib().ump_config_check() != _lib.OK:
         msg = (last_error() or "invalid UMP_ALLOC_* setting").removeprefix("ump_config_check: ")
@@ -116,7 +117,7 @@ def unknown_variables() -> list[tuple[str, str | None]]:
     closest known name (or None)."""
     import difflib
 
-    known = {row["name"] for row in config_table()}
+    known = {row["name"] for row in _config_rows()}
     out = []
     for name in sorted(_os.environ):
         if name.startswith("UMP_ALLOC") and name not in known:
@@ -139,7 +140,29 @@ def _warn_unknown_vars() -> None:
         return
     _warned_unknown = True
     for name, near in unknown_variables():
-        _warnings.warn(_unknown_message(name, near), RuntimeWarning, stacklevel=4)
+        _warnings.warn(_unknown_message(name, near), RuntimeWarning, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning issued by the caller of this function point at
+    the first frame outside ump-alloc, its import hook, the import machinery and contextlib:
+    the program's ``enable()`` call, or under ``UMP_ALLOC=1`` the statement that imported
+    NumPy (or CuPy, PyTorch)."""
+    import sys
+
+    here = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
+    skip = ("importlib", "_ump_alloc_hooks.py", "contextlib.py")
+    frame = sys._getframe(2)  # the caller of the function that warns: stacklevel 2
+    level = 2
+    while frame is not None:
+        name = frame.f_code.co_filename
+        # warnings.warn does not count the import system's own frames (importlib._bootstrap).
+        if not ("importlib" in name and "_bootstrap" in name):
+            if not (_os.path.abspath(name).startswith(here) or any(k in name for k in skip)):
+                return level
+            level += 1
+        frame = frame.f_back
+    return 2
 
 
 def mode() -> str:
@@ -351,13 +374,13 @@ def enable(
         )
     L = _lib.lib()
     if alignment is not None:
-        _lib.check(L.ump_set_alignment(int(alignment)), "ump_set_alignment")
+        _setting("alignment", alignment, "ump_set_alignment", lambda: L.ump_set_alignment(int(alignment)))
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, (int, str)):
             raise TypeError(f"limit is a byte count or a string such as '8G' or 'none', not {limit!r}")
-        _lib.check(L.ump_set_limit(str(limit).encode()), "ump_set_limit")
+        _setting("limit", limit, "ump_set_limit", lambda: L.ump_set_limit(str(limit).encode()))
     if mode is not None:
-        _lib.check(L.ump_set_mode(str(mode).encode()), "ump_set_mode")
+        _setting("mode", mode, "ump_set_mode", lambda: L.ump_set_mode(str(mode).encode()))
     _init()
     done: list[str] = []
     if numpy:
@@ -387,6 +410,15 @@ def enable(
         env = {k: _os.environ.get(k) for k in wanted_env}
         _os.environ.update(wanted_env)
     _frames.append(_Frame(done, env))
+
+
+def _setting(keyword: str, value, function: str, call) -> None:
+    """Apply one of :func:`enable`'s settings through the library; a refusal raises UmpError
+    naming the keyword and its value (``enable(mode='managed'): ...``), not the C function."""
+    status = call()
+    if status != _lib.OK:
+        msg = (last_error() or f"{function} failed with {_lib.STATUS_NAMES.get(status, status)}")
+        raise UmpError(f"enable({keyword}={value!r}): {msg.removeprefix(function + ': ')}", status)
 
 
 def _warn_if_forkserver_running() -> None:
@@ -615,7 +647,19 @@ def capabilities() -> dict:
 
 
 def config_table() -> list[dict]:
-    """Every UMP_ALLOC_* variable: name, default, meaning and the value in the environment."""
+    """Every UMP_ALLOC_* variable: ``name``, ``default``, ``help`` (its meaning), ``value`` (as
+    typed in the environment, or None) and ``parsed``: what the library makes of the value in
+    force, the value or else the default (``"8 GiB (8589934592 bytes)"`` for ``8GB``), or None
+    when the value is invalid (:func:`config_errors` says why)."""
+    rows = _config_rows()
+    for row in rows:
+        value = row["value"]
+        row["parsed"] = _describe(row["name"], value if value is not None and value.strip() else row["default"])
+    return rows
+
+
+def _config_rows() -> list[dict]:
+    """:func:`config_table` without ``parsed``."""
     L = _lib.lib()
     rows = []
     i = 0
@@ -628,6 +672,15 @@ def config_table() -> list[dict]:
         i += 1
     L.ump_clear_error()  # the row past the end is reported as an error
     return rows
+
+
+def _describe(name: str, value: str) -> str | None:
+    """``ump_config_describe``: what ``value`` means for variable ``name``, or None if invalid."""
+    buf = _ctypes.create_string_buffer(256)
+    if _lib.lib().ump_config_describe(name.encode(), value.encode(), buf, len(buf)) != _lib.OK:
+        clear_error()
+        return None
+    return buf.value.decode(errors="replace")
 
 
 # ---- statistics ----------------------------------------------------------------------------------
@@ -785,9 +838,13 @@ def __getattr__(name: str):
         try:
             return version()
         except (UmpError, OSError):
+            from importlib.metadata import PackageNotFoundError
             from importlib.metadata import version as _dist_version
 
-            return _dist_version("ump-alloc")
+            try:
+                return _dist_version("ump-alloc")
+            except PackageNotFoundError:
+                return "unknown"
     # The zero-copy functions import NumPy: loaded on first use, so that ``import ump_alloc``
     # (and UMP_ALLOC=1's hook, which imports it at NumPy's import) imports no NumPy itself.
     if name in _LAZY:

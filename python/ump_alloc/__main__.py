@@ -83,6 +83,19 @@ def _torch_route() -> None:
         for item in _torch.SWAP_UNSUPPORTED:
             print(f"    - {item}")
 
+def _shown(row: dict) -> str:
+    """A configuration row's value as typed, with what it means when that differs
+    (``8GB = 8 GiB (8589934592 bytes)``), or its default."""
+    value = row["value"]
+    if value is None or not value.strip():
+        return f"(default {row['default']})"
+    parsed = row["parsed"]
+    if parsed is None:
+        return f"{value}  (invalid: see the configuration error)"
+    if parsed.strip().lower() == value.strip().lower():
+        return value
+    return f"{value} = {parsed}"
+
 
 def info() -> int:
     problems = ump_alloc.config_errors()
@@ -92,9 +105,10 @@ def info() -> int:
         print(p if p.startswith("configuration error:") else f"warning: {p}")
     print()
     print("Configuration (UMP_ALLOC_* environment variables, read once at the first allocation):")
-    for row in ump_alloc.config_table():
-        value = row["value"] if row["value"] is not None else f"(default {row['default']})"
-        print(f"  {row['name']:<24} = {value:<16} {row['help']}")
+    rows = ump_alloc.config_table()
+    width = max(len(row["name"]) for row in rows)
+    for row in rows:
+        print(f"  {row['name']:<{width}} = {_shown(row):<16} {row['help']}")
     print()
     caps = ump_alloc.capabilities()
     if caps["cuda_available"]:
@@ -111,7 +125,10 @@ def info() -> int:
     state = "fixed" if caps["mode_fixed"] else "would be chosen"
     print()
     align = f"{caps['alignment']} bytes" if caps["alignment"] else "invalid (see the configuration error)"
-    print(f"Mode: {caps['mode']} ({state}); alignment {align}")
+    if caps["mode"] == "unset" and not caps["mode_fixed"]:
+        print("Mode: none: this configuration cannot start ump-alloc (the configuration error above)")
+    else:
+        print(f"Mode: {caps['mode']} ({state}); alignment {align}")
     if caps["host_reason"] or caps["device_reason"]:
         print(f"  host side (NumPy):            {caps['host_side']}")
         print(f"    why: {caps['host_reason']}")

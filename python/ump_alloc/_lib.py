@@ -264,6 +264,7 @@ SIGNATURES = {
     "ump_set_alignment": (c_int, [c_size_t]),
     "ump_set_limit": (c_int, [c_char_p]),
     "ump_config_check": (c_int, []),
+    "ump_config_describe": (c_int, [c_char_p, c_char_p, c_char_p, c_size_t]),
     "ump_alignment": (c_size_t, []),
     "ump_block_alignment": (c_size_t, [c_size_t]),
     "ump_current_mode": (c_int, []),
@@ -332,11 +333,49 @@ def library_path() -> str:
 _LIB = None
 
 
+def _which_library(path: str) -> str:
+    """How to name ``path`` in a message: the variable that chose it, or the path."""
+    if os.environ.get("UMP_ALLOC_LIBRARY"):
+        return f"UMP_ALLOC_LIBRARY={path!r}"
+    return path
+
+
+def _fix_hint() -> str:
+    """What to do about a library that cannot be used, by where it came from."""
+    if os.environ.get("UMP_ALLOC_LIBRARY"):
+        return ("point UMP_ALLOC_LIBRARY at the libump_alloc.so built with this package "
+                "(target/release/libump_alloc.so in a checkout), or unset it to load the packaged one")
+    return ("reinstall ump-alloc: the library next to this Python package does not belong to it "
+            "(pip install --force-reinstall --no-deps . in a checkout, or the wheel it came from)")
+
+
 def lib() -> ctypes.CDLL:
-    """The loaded library, with every signature declared. Loaded once, never unloaded."""
+    """The loaded library, with every signature declared. Loaded once, never unloaded.
+
+    A file that cannot be loaded, or a library that lacks a function this package declares
+    (another library, or a libump_alloc of another version), raises :class:`UmpError`
+    (``UMP_ERR_CONFIG``) naming the file and the fix; nothing is loaded then."""
     global _LIB
     if _LIB is None:
-        handle = ctypes.CDLL(library_path())
+        path = library_path()
+        try:
+            handle = ctypes.CDLL(path)
+        except OSError as e:
+            raise UmpError(f"{_which_library(path)} cannot be loaded ({e}); {_fix_hint()}", ERR_CONFIG) from None
+        missing = [name for name in SIGNATURES if not hasattr(handle, name)]
+        if missing:
+            if len(missing) == len(SIGNATURES):
+                what = f"is not libump_alloc: it exports none of its functions (no {missing[0]})"
+            else:
+                try:
+                    handle.ump_version.restype = c_char_p
+                    version = f" {handle.ump_version().decode()}"
+                except (AttributeError, UnicodeDecodeError):
+                    version = ""
+                more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+                what = (f"is a libump_alloc{version} this package cannot use: it lacks {missing[0]}{more} "
+                        "(a library of another version)")
+            raise UmpError(f"{_which_library(path)} {what}; {_fix_hint()}", ERR_CONFIG)
         for name, (restype, argtypes) in SIGNATURES.items():
             fn = getattr(handle, name)
             fn.restype = restype

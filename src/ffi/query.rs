@@ -212,12 +212,72 @@ pub extern "C" fn ump_init() -> c_int {
     status("ump_init", || allocator::init().map(|_| ()))
 }
 
-/// Check the `UMP_ALLOC_*` configuration without initialising: `UMP_OK`, or `UMP_ERR_CONFIG`
-/// with the variable, its value and what it accepts in `ump_last_error`. Nothing is fixed, so
-/// a tool can report a bad setting and still show what would be chosen.
+/// Check the `UMP_ALLOC_*` configuration without initialising, with the verdict `ump_init`
+/// would give: `UMP_OK`; `UMP_ERR_CONFIG` for a malformed value (the variable, its value and
+/// what it accepts in `ump_last_error`); `UMP_ERR_UNSUPPORTED` for a mode or side this machine
+/// cannot do (what is missing and what to use instead). Settings made with `ump_set_mode` and
+/// the like count as `ump_init` counts them. Nothing is fixed, so a tool can report a bad
+/// setting and still show what would be chosen. After initialisation: `UMP_OK`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_config_check() -> c_int {
-    status("ump_config_check", || allocator::env_config().map(|_| ()))
+    status("ump_config_check", allocator::check)
+}
+
+/// Write what `value` means for configuration variable `name` (a row of `ump_config_var`),
+/// parsed as the configuration parses it, NUL-terminated into `out` (`out_len` bytes): "8 GiB
+/// (8589934592 bytes)" for `UMP_ALLOC_LIMIT` = "8GB"; a row with no parsed form (a path) gives
+/// the value back. Returns `UMP_OK`; `UMP_ERR_CONFIG` when the value is invalid, with the
+/// message the configuration would give in `ump_last_error()` (a query's answer, not counted
+/// in `ump_stats`); `UMP_ERR_INVALID` for a name with no row or an `out_len` too small;
+/// `UMP_ERR_NULL`. `out` is written only on success.
+///
+/// # Safety
+/// `name` and `value` are NULL or NUL-terminated strings; `out` is NULL or writable for
+/// `out_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_config_describe(
+    name: *const c_char,
+    value: *const c_char,
+    out: *mut c_char,
+    out_len: usize,
+) -> c_int {
+    const NAME: &str = "ump_config_describe";
+    guard(NAME, Status::UMP_ERR_INTERNAL as c_int, || {
+        let written = (|| {
+            if name.is_null() || value.is_null() || out.is_null() {
+                return Err(Error::new(Status::UMP_ERR_NULL, "an argument is NULL"));
+            }
+            // SAFETY: both non-NULL and NUL-terminated by the caller's contract.
+            let (name, value) = unsafe {
+                (
+                    CStr::from_ptr(name).to_string_lossy(),
+                    CStr::from_ptr(value).to_string_lossy(),
+                )
+            };
+            let text = crate::config::describe(&name, &value, os::memory_available())?;
+            let bytes = text.as_bytes();
+            if bytes.len() >= out_len {
+                return Err(Error::invalid(format!(
+                    "out_len {out_len} is too small for {} bytes and the NUL",
+                    bytes.len()
+                )));
+            }
+            // SAFETY: `out` is writable for `out_len > bytes.len()` bytes (caller's contract).
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.cast::<u8>(), bytes.len() + 1) };
+            dst[..bytes.len()].copy_from_slice(bytes);
+            dst[bytes.len()] = 0;
+            Ok(())
+        })();
+        match written {
+            Ok(()) => Status::UMP_OK as c_int,
+            // An invalid value is the answer to the question: reported, not counted.
+            Err(e) if e.status == Status::UMP_ERR_CONFIG => {
+                error::set_last(&format!("{NAME}: {}", e.msg));
+                e.status as c_int
+            }
+            Err(e) => super::fail(NAME, e),
+        }
+    })
 }
 
 /// Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before

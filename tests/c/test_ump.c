@@ -872,6 +872,8 @@ static void test_before_init(void) {
     CHECK(ump_alignment() == g_align, "ump_alignment() before init = %zu want %zu",
           ump_alignment(), g_align);
     test_capabilities(0);
+    CHECK(ump_config_check() == UMP_OK, "ump_config_check() before init = %s",
+          last_err_or("-"));
     /* A GPU mode this machine cannot do is refused now, with the missing capability. */
     uint64_t e0 = ump_error_count();
     ump_clear_error();
@@ -1062,6 +1064,44 @@ static void test_config_var(void) {
           "ump_config_var(0, .., NULL) = %d", rc);
     rc = ump_config_var(0, NULL, NULL, NULL);
     CHECK(rc == UMP_ERR_NULL, "ump_config_var(0, NULL, NULL, NULL) = %d", rc);
+}
+
+/* What a value means, parsed as the configuration parses it (ump_config_describe). */
+static void test_config_describe(void) {
+    char out[128];
+    uint64_t e0 = ump_error_count();
+    int rc = ump_config_describe("UMP_ALLOC_LIMIT", "8GB", out, sizeof out);
+    CHECK(rc == UMP_OK && strcmp(out, "8 GiB (8589934592 bytes)") == 0,
+          "ump_config_describe(UMP_ALLOC_LIMIT, 8GB) = %d \"%s\"", rc, rc == UMP_OK ? out : "-");
+    rc = ump_config_describe("UMP_ALLOC_MODE", " Managed ", out, sizeof out);
+    CHECK(rc == UMP_OK && strcmp(out, "managed") == 0, "ump_config_describe(MODE) = %d \"%s\"",
+          rc, rc == UMP_OK ? out : "-");
+    /* An invalid value: the configuration's message, outputs untouched, not counted. */
+    strcpy(out, "sentinel");
+    ump_clear_error();
+    rc = ump_config_describe("UMP_ALLOC_LIMIT", "64K", out, sizeof out);
+    CHECK(rc == UMP_ERR_CONFIG, "ump_config_describe(UMP_ALLOC_LIMIT, 64K) = %d", rc);
+    CHECK(strcmp(out, "sentinel") == 0, "ump_config_describe wrote its output on failure");
+    CHECK(last_err_contains("UMP_ALLOC_LIMIT=\"64K\"") && last_err_contains("minimum"),
+          "ump_config_describe(64K): last error %s", last_err_or("NULL"));
+    CHECK(ump_error_count() == e0, "an invalid value described counted %" PRIu64 " errors",
+          ump_error_count() - e0);
+    /* Misuse: an unknown name, a buffer too small, NULL. */
+    rc = ump_config_describe("UMP_ALLOC_MODEE", "host", out, sizeof out);
+    CHECK(rc == UMP_ERR_INVALID && strcmp(out, "sentinel") == 0,
+          "ump_config_describe(UMP_ALLOC_MODEE) = %d", rc);
+    rc = ump_config_describe("UMP_ALLOC_LIMIT", "8G", out, 8);
+    CHECK(rc == UMP_ERR_INVALID && strcmp(out, "sentinel") == 0,
+          "ump_config_describe with 8 bytes of room = %d", rc);
+    rc = ump_config_describe("UMP_ALLOC_LIMIT", "8G", out, 0);
+    CHECK(rc == UMP_ERR_INVALID, "ump_config_describe with no room = %d", rc);
+    CHECK(ump_config_describe(NULL, "8G", out, sizeof out) == UMP_ERR_NULL,
+          "ump_config_describe(NULL name)");
+    CHECK(ump_config_describe("UMP_ALLOC_LIMIT", NULL, out, sizeof out) == UMP_ERR_NULL,
+          "ump_config_describe(NULL value)");
+    CHECK(ump_config_describe("UMP_ALLOC_LIMIT", "8G", NULL, sizeof out) == UMP_ERR_NULL,
+          "ump_config_describe(NULL out)");
+    ump_clear_error();
 }
 
 /* ---- 8. CuPy and PyTorch entry points without a GPU ----------------------------------- */
@@ -1631,6 +1671,10 @@ static void test_bad_config(void) {
           "ump_capabilities mode_reason \"%s\" does not name UMP_ALLOC_ALIGNMENT",
           caps.mode_reason);
 
+    rc = ump_config_check();
+    CHECK(rc == UMP_ERR_CONFIG && last_err_contains("UMP_ALLOC_ALIGNMENT"),
+          "ump_config_check() with a bad config = %d (%s)", rc, last_err_or("NULL"));
+
     uint64_t e0 = ump_error_count();
     ump_clear_error();
     rc = ump_init();
@@ -1857,6 +1901,7 @@ int main(int argc, char **argv) {
         test_free_errors();     /* 4 */
         test_identify();        /* 5 */
         test_config_var();
+        test_config_describe();
         test_stats_and_scopes();
         test_gpu_entry_points(); /* 8 */
         test_transfer();
