@@ -218,7 +218,15 @@ impl Pool {
             _ => return Err(Error::not_ours(format!("{ptr:#x} is not a live block"))),
         }
         let n = sp.req.load(Ordering::Relaxed);
-        self.discard_on_free(&mut lg, sp);
+        self.put_back(&mut lg, sp);
+        Ok(n)
+    }
+
+    /// Make used span `sp` free memory of the pool again: the free set or the
+    /// exact-size list, within the pool's `retain`.
+    pub(super) fn put_back(&'static self, lg: &mut Large, sp: &'static Span) {
+        let len = sp.len();
+        self.discard_on_free(lg, sp);
         if self.lazy() {
             lg.lazy.used -= len;
             sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
@@ -234,21 +242,20 @@ impl Pool {
             // requests of other sizes commit fresh pages while the holes stay mapped: the
             // fragmentation that pool exists to avoid).
             sp.state.store(SPAN_FREE, Ordering::Release);
-            self.insert_free(&mut lg, sp);
+            self.insert_free(lg, sp);
         } else {
             sp.state.store(SPAN_CACHED, Ordering::Release);
             lg.quick.push_back(sp);
             lg.quick_bytes += len;
             while lg.quick.len() > QUICK_MAX || lg.quick_bytes > QUICK_MAX_BYTES {
                 let old = lg.quick.pop_front().expect("non-empty");
-                self.uncache(&mut lg, old);
+                self.uncache(lg, old);
             }
         }
-        self.enforce_retain(&mut lg);
+        self.enforce_retain(lg);
         if self.lazy() {
-            self.purge_if_due(&mut lg);
+            self.purge_if_due(lg);
         }
-        Ok(n)
     }
 
     /// Move a span from the exact-size list into the free set (merging it).
