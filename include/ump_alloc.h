@@ -16,8 +16,9 @@
 // Most devices `ump_capabilities` describes.
 #define UMP_MAX_DEVICES 16
 
-// Version of `ump_capabilities` (2: each side's kind and reason).
-#define UMP_CAPABILITIES_VERSION 2
+// Version of `ump_capabilities` (2: each side's kind and reason; 3: what fork() does with the
+// host side's memory).
+#define UMP_CAPABILITIES_VERSION 3
 
 // Version of `ump_identity`.
 #define UMP_IDENTITY_VERSION 1
@@ -34,8 +35,8 @@
 
 // Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields; 3: address space
 // reserved and the largest free block, per device and for the host side, and the host side's
-// reallocs with and without a copy).
-#define UMP_STATS_VERSION 3
+// reallocs with and without a copy; 4: the host side's blocks held back for fork children).
+#define UMP_STATS_VERSION 4
 
 // The pair of sides in force, as a C value: a preset, or `UMP_MODE_CUSTOM`.
 enum ump_mode {
@@ -160,6 +161,11 @@ struct ump_capabilities {
   char host_reason[256];
   // Why the device side has that memory, NUL-terminated.
   char device_reason[256];
+  // The host side's pinned pages are shared with `fork()` children, not copied into them
+  // (`UMP_ALLOC_PINNED_FORK=share` where the machine allows it).
+  bool fork_shared;
+  // What `fork()` does with the host side's memory, and what a child sees, NUL-terminated.
+  char fork_rule[256];
 };
 
 // What `ump_identify` knows of an address. Versioned like `ump_capabilities`.
@@ -274,6 +280,11 @@ struct ump_stats {
   uint64_t host_reallocs_in_place;
   uint64_t host_reallocs_copied;
   uint64_t host_realloc_copied_bytes;
+  // Pinned host side shared with `fork()` children (`UMP_ALLOC_PINNED_FORK=share`): bytes
+  // and blocks freed by this process but held back, not reused, while a child forked when
+  // they were live may still read them. They go back once no such child lives.
+  uint64_t host_fork_held;
+  uint64_t host_fork_held_blocks;
 };
 
 // One pool of ump-alloc, as `ump_pool_stat` reports it. Versioned like `ump_stats`.

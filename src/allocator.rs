@@ -390,6 +390,8 @@ pub fn collect_stats() -> ump_stats {
         host_reallocs_in_place: 0,
         host_reallocs_copied: 0,
         host_realloc_copied_bytes: 0,
+        host_fork_held: 0,
+        host_fork_held_blocks: 0,
     };
     let Some(a) = get() else {
         return s;
@@ -397,6 +399,10 @@ pub fn collect_stats() -> ump_stats {
     crate::pool::flush_thread_counts();
     s.mode = a.mode.to_c();
     let host = a.host_pool();
+    // What no child may read any more is not counted as held.
+    host.release_held(true);
+    s.host_fork_held = host.stats.fork_held.load(Ordering::Relaxed) as u64;
+    s.host_fork_held_blocks = host.stats.fork_held_blocks.load(Ordering::Relaxed) as u64;
     s.host = host.stats.usage();
     s.host.cached = a.host.cached_bytes() as u64;
     let (fb_allocs, fb_mapped) = a.host.fallback_usage();
@@ -723,6 +729,7 @@ pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
     cuda::fork_lock_events(held);
     crate::scope::fork_lock(held);
     crate::migrate::fork_lock(held);
+    crate::backing::shared::fork_prepare(held);
 }
 
 /// Set errno to ENOMEM (the malloc family's way of saying why NULL came back).

@@ -98,9 +98,8 @@ def info() -> int:
         print(f"    why: {caps['host_reason']}")
         print(f"  device side (CuPy, PyTorch):  {caps['device_side']}")
         print(f"    why: {caps['device_reason']}")
-        if caps["host_side"] == "managed":
-            print("    note: a managed host side is not fork-safe: fork() children must not touch "
-                  "arrays made before the fork")
+        if caps["fork_rule"]:
+            print(f"    fork(): {caps['fork_rule']}")
     else:
         print(f"  why: {caps['mode_reason']}")
     if _dist_version("cupy") is not None and not fatal:

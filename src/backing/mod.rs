@@ -8,6 +8,7 @@ use crate::registry::GRANULE;
 use std::ptr::NonNull;
 
 pub mod registered;
+pub mod shared;
 pub mod vmm;
 pub use registered::{RegisteredBacking, pinned, set_pinned_cap};
 pub use vmm::{Space, VmmBacking};
@@ -83,8 +84,14 @@ pub trait Backing: Send + Sync {
     /// # Safety
     /// `chunk` came from `map` on this backing and no block in it is used any more.
     unsafe fn unmap(&self, chunk: &Chunk);
-    /// Whether fresh chunks read as zero (calloc may then skip clearing them).
+    /// Whether fresh chunks read as zero (calloc may then skip clearing them). Asked at each
+    /// allocation of a never-used span: the answer may change (a fork child).
     fn fresh_is_zero(&self) -> bool {
+        false
+    }
+    /// Whether the pages are shared with `fork()` children rather than copied into them (see
+    /// `shared`): the pool then holds back freed blocks a child may still read.
+    fn fork_shared(&self) -> bool {
         false
     }
     /// Per-block advice when a block of `size` bytes is first handed out at `ptr`

@@ -26,20 +26,79 @@ pub fn pinned() -> (usize, usize) {
     )
 }
 
-/// Pinned host memory: anonymous mappings registered with CUDA (cuMemHostRegister, portable
-/// and mapped), at the same address on every device: NumPy's side without HMM/ATS (host side
+/// Pinned host memory: host pages registered with CUDA (cuMemHostRegister, portable and
+/// mapped), at the same address on every device: NumPy's side without HMM/ATS (host side
 /// `pinned`), and both sides of mode `registered`. Registering costs about 25 ms per GiB plus
 /// populating the pages, so chunks are cached above (the host pool keeps idle pinned chunks
 /// for a while: see `Pool`'s decay). Every chunk counts against the process's pinned cap;
 /// past it, and in a `fork()` child (no CUDA there), `map` refuses with `UMP_ERR_UNSUPPORTED`
 /// and the host side falls back to plain memory.
+///
+/// The pages are anonymous memory, which `fork()` copies into every child at once (the kernel
+/// copies pinned pages early), or pages of the process's shared memory file, which it does not
+/// copy (see `shared`): the host side's default (`UMP_ALLOC_PINNED_FORK=share`).
 pub struct RegisteredBacking {
     device: i32,
+    /// The pages are shared-file pages (`shared`), else anonymous.
+    shared: bool,
+    /// Register the pages with CUDA (false only in tests on machines without a GPU: everything
+    /// else is the same).
+    register: bool,
 }
 
 impl RegisteredBacking {
+    /// Anonymous pinned pages for `device` (-1: the host side).
     pub fn new(device: i32) -> Self {
-        RegisteredBacking { device }
+        RegisteredBacking {
+            device,
+            shared: false,
+            register: true,
+        }
+    }
+
+    /// The host side's pinned pages: shared-file pages when `share` and the machine allows
+    /// it, else anonymous ones, with the reason.
+    pub fn host(share: bool) -> (Self, std::result::Result<(), String>) {
+        let why = if share {
+            super::shared::available()
+        } else {
+            Err("UMP_ALLOC_PINNED_FORK=copy".into())
+        };
+        let b = RegisteredBacking {
+            device: -1,
+            shared: why.is_ok(),
+            register: true,
+        };
+        (b, why)
+    }
+
+    /// Host-side pages as [`host`](Self::host) makes them, without the CUDA registration: the
+    /// whole mechanism but the pinning, for tests on machines without a GPU.
+    pub fn unregistered(shared: bool) -> Self {
+        RegisteredBacking {
+            device: -1,
+            shared: shared && super::shared::available().is_ok(),
+            register: false,
+        }
+    }
+
+    /// Whether the pages are shared-file pages, which fork() does not copy.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// Make `[base, base+size)` of a reservation usable.
+    fn commit(&self, base: usize, size: usize) -> Result<()> {
+        if self.shared {
+            return super::shared::map(base, size);
+        }
+        if os::commit(base as *mut u8, size) {
+            Ok(())
+        } else {
+            Err(Error::oom(format!(
+                "the OS refused a mapping of {size} bytes"
+            )))
+        }
     }
 }
 
@@ -50,8 +109,11 @@ impl Backing for RegisteredBacking {
     fn device(&self) -> i32 {
         self.device
     }
+    fn fork_shared(&self) -> bool {
+        self.shared
+    }
     fn map(&self, size: usize) -> Result<Chunk> {
-        if !cuda::available() {
+        if self.register && !cuda::available() {
             return Err(Error::unsupported(
                 "pinned host memory needs CUDA (not available here, e.g. in a fork() child)",
             ));
@@ -75,28 +137,33 @@ impl Backing for RegisteredBacking {
         } else {
             size
         };
-        let Some(p) = os::reserve(raw_size, GRANULE).filter(|p| {
-            os::commit(p.as_ptr(), size) || {
-                // SAFETY: the reservation just made, unused.
-                unsafe { os::unmap(*p, raw_size) };
-                false
-            }
-        }) else {
+        let Some(p) = os::reserve(raw_size, GRANULE) else {
             PINNED.fetch_sub(size, Ordering::Relaxed);
             return Err(Error::oom(format!(
-                "the OS refused a mapping of {size} bytes"
+                "the OS refused a reservation of {raw_size} bytes"
             )));
         };
         let base = p.as_ptr() as usize;
+        if let Err(e) = self.commit(base, size) {
+            PINNED.fetch_sub(size, Ordering::Relaxed);
+            // SAFETY: the reservation just made, unused.
+            unsafe { os::unmap(p, raw_size) };
+            return Err(e);
+        }
         // Huge pages before the pages are populated (registering populates them).
         if size >= HUGEPAGE_MIN {
             os::advise_hugepage(base as *mut u8, size);
         }
         // SAFETY: the mapping is ours and stays until unmap, which unregisters first.
-        if let Err(e) = unsafe { cuda::register(base, size, self.device) } {
+        if self.register
+            && let Err(e) = unsafe { cuda::register(base, size, self.device) }
+        {
             PINNED.fetch_sub(size, Ordering::Relaxed);
             // SAFETY: never handed out.
             unsafe { os::unmap(p, raw_size) };
+            if self.shared {
+                super::shared::forget(base, size);
+            }
             return Err(e);
         }
         Ok(Chunk {
@@ -111,15 +178,22 @@ impl Backing for RegisteredBacking {
         // SAFETY: forwarded from the caller's contract; registered in `map`. In a fork()
         // child the call is refused (the registration belongs to the parent) and the pages,
         // the child's own copies, are simply unmapped.
-        let _ = unsafe { cuda::unregister(chunk.raw, self.device) };
+        if self.register {
+            let _ = unsafe { cuda::unregister(chunk.raw, self.device) };
+        }
         if let Some(p) = NonNull::new(chunk.raw as *mut u8) {
             // SAFETY: forwarded from the caller's contract.
             unsafe { os::unmap(p, chunk.raw_size) };
         }
+        if self.shared {
+            super::shared::forget(chunk.base, chunk.size);
+        }
         PINNED.fetch_sub(chunk.size, Ordering::Relaxed);
     }
+    /// Fresh pages read as zero; in a fork child, shared pages free at the fork show whatever
+    /// the parent writes there later, until the child writes them itself.
     fn fresh_is_zero(&self) -> bool {
-        true
+        !self.shared || super::shared::owner()
     }
     /// Into the chunk's room (see `map`): the new pages are made usable and the whole range is
     /// registered again (a copy may not span two registrations: the driver refuses it with
@@ -134,7 +208,7 @@ impl Backing for RegisteredBacking {
         if chunk.raw != chunk.base || size <= chunk.size || chunk.base + size > room {
             return None;
         }
-        if !cuda::available() {
+        if self.register && !cuda::available() {
             return None;
         }
         let delta = size - chunk.size;
@@ -146,19 +220,38 @@ impl Backing for RegisteredBacking {
             .ok()?;
         let ext = (chunk.base + chunk.size) as *mut u8;
         let undo = || {
-            // SAFETY: the extension was made here and is used by nothing.
-            unsafe { os::decommit(ext, delta) };
+            if self.shared {
+                // SAFETY: the extension was made here and is used by nothing.
+                unsafe { super::shared::retract(chunk.base, chunk.size, size) };
+            } else {
+                // SAFETY: as above.
+                unsafe { os::decommit(ext, delta) };
+            }
             PINNED.fetch_sub(delta, Ordering::Relaxed);
+        };
+        let made = |ext: *mut u8| {
+            if self.shared {
+                super::shared::extend(chunk.base, chunk.size, size)
+            } else {
+                os::commit(ext, delta)
+            }
         };
         // Why realloc copies after all, for `ump_last_error()` (not an error: the caller copies).
         let why = |what: &str| crate::error::set_last(&format!("realloc in place: {what}"));
-        if !ready(chunk.base, size) || !os::commit(ext, delta) {
+        if !ready(chunk.base, size) || !made(ext) {
             why("no memory for the registry entries or the pages of the growth");
             PINNED.fetch_sub(delta, Ordering::Relaxed);
             return None;
         }
         if size >= HUGEPAGE_MIN {
             os::advise_hugepage(chunk.base as *mut u8, size);
+        }
+        if !self.register {
+            return Some(Chunk {
+                size,
+                advised: size >= HUGEPAGE_MIN,
+                ..*chunk
+            });
         }
         // SAFETY: the chunk was registered by `map` (or an earlier grow) at its base, and its
         // one live block is not used by the device during a realloc (the caller's contract).

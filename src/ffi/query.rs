@@ -15,8 +15,9 @@ pub const UMP_MAX_DEVICES: usize = 16;
 
 const _: () = assert!(crate::stats::STATS_DEVICES == UMP_MAX_DEVICES);
 
-/// Version of `ump_capabilities` (2: each side's kind and reason).
-pub const UMP_CAPABILITIES_VERSION: u32 = 2;
+/// Version of `ump_capabilities` (2: each side's kind and reason; 3: what fork() does with the
+/// host side's memory).
+pub const UMP_CAPABILITIES_VERSION: u32 = 3;
 /// Version of `ump_identity`.
 pub const UMP_IDENTITY_VERSION: u32 = 1;
 
@@ -82,6 +83,11 @@ pub struct ump_capabilities {
     pub host_reason: [c_char; 256],
     /// Why the device side has that memory, NUL-terminated.
     pub device_reason: [c_char; 256],
+    /// The host side's pinned pages are shared with `fork()` children, not copied into them
+    /// (`UMP_ALLOC_PINNED_FORK=share` where the machine allows it).
+    pub fork_shared: bool,
+    /// What `fork()` does with the host side's memory, and what a child sees, NUL-terminated.
+    pub fork_rule: [c_char; 256],
 }
 
 /// The kind of memory a host side is made of.
@@ -403,6 +409,25 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
                 copy_cstr(&mut c.device_reason, &sel.device_reason);
             }
             Err(e) => copy_cstr(&mut c.mode_reason, &e.msg),
+        }
+        let fork = match allocator::get() {
+            Some(a) => Some(a.host().fork_rule()),
+            None => allocator::env_config().ok().and_then(|cfg| {
+                let side = caps
+                    .select_sides(cfg.mode, cfg.host_side, cfg.device_side)
+                    .ok()?
+                    .sides
+                    .host;
+                let share = match cfg.pinned_fork {
+                    crate::config::PinnedFork::Share => crate::backing::shared::available(),
+                    crate::config::PinnedFork::Copy => Err("UMP_ALLOC_PINNED_FORK=copy".into()),
+                };
+                Some(crate::host::fork_rule(side, &share))
+            }),
+        };
+        if let Some((shared, rule)) = fork {
+            c.fork_shared = shared;
+            copy_cstr(&mut c.fork_rule, &rule);
         }
         for (slot, d) in c.devices.iter_mut().zip(caps.devices.iter()) {
             slot.ordinal = d.ordinal;

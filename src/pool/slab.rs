@@ -18,7 +18,7 @@
 
 use super::tcache::{self, Slot};
 use super::*;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// Descriptor of a slab: a span cut into equal slots of one class.
 pub struct Slab {
@@ -34,6 +34,9 @@ pub struct Slab {
     magic: u64,
     /// Per slot: requested bytes + 1 while handed out, 0 otherwise.
     words: Box<[AtomicU32]>,
+    /// The fork generation of its blocks (renewed when it is taken from with no slot out):
+    /// see `hold`.
+    pub(super) born: AtomicU64,
 }
 
 impl Slab {
@@ -129,6 +132,8 @@ pub(crate) struct ClassState {
     spare: Vec<usize>,
     /// Free slots in slabs in use (partial and empty).
     free: usize,
+    /// Freed slots held back for fork children (still out of their slabs): see `hold`.
+    pub(super) held: Vec<Slot>,
 }
 
 impl ClassState {
@@ -167,7 +172,7 @@ impl ClassState {
 
     /// Take up to `want` free slots, from partial slabs first, then a kept empty slab.
     /// Returns the slots and the bytes of empty slabs brought back into use.
-    fn take(&mut self, want: usize, out: &mut Vec<Slot>) -> usize {
+    fn take(&mut self, want: usize, out: &mut Vec<Slot>, born: u64) -> usize {
         let mut revived = 0;
         while out.len() < want {
             let id = match self.partial.last() {
@@ -183,6 +188,10 @@ impl ClassState {
                 },
             };
             let st = &mut self.slabs[id];
+            if st.out == 0 {
+                // No block of it is out: its blocks are of this generation from now on.
+                st.desc.born.store(born, Ordering::Relaxed);
+            }
             while out.len() < want {
                 let idx = match st.free.pop() {
                     Some(i) => i as usize,
@@ -275,6 +284,7 @@ impl Pool {
     /// every cache and slab of the pool).
     fn refill(&'static self, ci: usize) -> Result<Slot> {
         self.decay_if_due();
+        self.release_held_if_due();
         let extra = if tcache::ensure(self) {
             tcache::fill(self, ci)
         } else {
@@ -315,7 +325,7 @@ impl Pool {
     }
 
     fn take_slots(&'static self, st: &mut ClassState, want: usize, out: &mut Vec<Slot>) {
-        let revived = st.take(want, out);
+        let revived = st.take(want, out, self.birth_gen());
         if revived > 0 {
             self.kept_slabs.fetch_sub(revived, Ordering::Relaxed);
         }
@@ -340,6 +350,7 @@ impl Pool {
                     span: AtomicUsize::new(0),
                     magic: (u64::MAX / slot as u64) + 1,
                     words: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
+                    born: AtomicU64::new(super::hold::NEVER),
                 }));
                 st.slabs.push(SlabState {
                     desc,
@@ -386,6 +397,11 @@ impl Pool {
             return Err(double_free(ptr));
         }
         let n = w as usize - 1;
+        let live = crate::backing::shared::live_max();
+        if live != 0 && s.born.load(Ordering::Relaxed) < live {
+            // A fork child may still read it.
+            return self.hold_slot(s, idx as u32, n);
+        }
         if self.is_stream_ordered() && self.put_hot(s.class, s, idx as u32) {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             self.stats.sub_in_use(n);
