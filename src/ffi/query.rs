@@ -309,7 +309,7 @@ pub extern "C" fn ump_block_alignment(size: usize) -> usize {
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_current_mode() -> ump_mode {
     guard("ump_current_mode", ump_mode::UMP_MODE_UNSET, || {
-        allocator::get().map_or(ump_mode::UMP_MODE_UNSET, |a| a.mode.to_c())
+        allocator::get().map_or(ump_mode::UMP_MODE_UNSET, |a| a.mode().to_c())
     })
 }
 
@@ -392,7 +392,7 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
             Some(a) => {
                 c.mode_fixed = true;
                 c.alignment = a.alignment;
-                Ok(a.selection.clone())
+                Ok(a.gpu().selection.clone())
             }
             None => allocator::env_config().and_then(|cfg| {
                 c.alignment = cfg.alignment;
@@ -688,7 +688,10 @@ pub extern "C" fn ump_stream_retire(device: c_int, stream: *mut c_void) -> c_int
             }
             return Ok(());
         }
-        if usize::try_from(device).map_or(true, |d| d >= a.caps.devices.len()) {
+        let Some(gpu) = a.gpu_if_chosen() else {
+            return Ok(()); // no device side yet: no stream was used
+        };
+        if usize::try_from(device).map_or(true, |d| d >= gpu.caps.devices.len()) {
             return Err(Error::invalid(format!("no CUDA device {device}")));
         }
         if let Some(g) = a.device_groups().into_iter().find(|g| g.device() == device) {

@@ -180,13 +180,23 @@ fn open_driver() -> std::result::Result<Driver, String> {
     }
 }
 
-/// Set in a `fork()` child: CUDA state does not survive fork (a child touching managed memory
-/// dies, and driver calls fail), so no call reaches the driver there.
+/// Set in a `fork()` child of a process that had loaded the driver: CUDA state does not
+/// survive fork (a child touching managed memory dies, and driver calls fail), so no call
+/// reaches the driver there. A child of a process that never loaded it may, as a new process
+/// would.
 static FORK_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// In a `fork()` child: refuse every CUDA call from now on.
+/// In a `fork()` child: if the parent had loaded the driver, refuse every CUDA call from now on.
 pub(crate) fn after_fork_child() {
-    FORK_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
+    if DRIVER.get().is_some_and(|d| d.is_ok()) {
+        FORK_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Whether this is a `fork()` child of a process that had loaded the CUDA driver (CUDA is
+/// unusable here).
+pub fn fork_poisoned() -> bool {
+    FORK_CHILD.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn driver() -> Result<&'static Driver> {
