@@ -285,3 +285,31 @@ def test_numpy_realloc_in_place(mode):
 @pytest.mark.parametrize("discard", ["1", "0"])
 def test_managed_residency(discard):
     check("managed_residency", "pinned", {"UMP_ALLOC_MANAGED_DISCARD": discard})
+
+
+# ---- issue 20: fork() and the pinned host side ---------------------------------------------------
+
+
+@pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
+@pytest.mark.parametrize("fork", ["share", "copy"])
+def test_fork_pinned_pages(fork):
+    check("fork_pinned_pages", "pinned", {"UMP_ALLOC_PINNED_FORK": fork})
+
+
+@pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
+@pytest.mark.parametrize("fork", ["share", "copy"])
+def test_fork_holds_freed_blocks(fork):
+    check("fork_holds_freed_blocks", "pinned", {"UMP_ALLOC_PINNED_FORK": fork})
+
+
+@pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
+def test_fork_children_leak_nothing():
+    check("fork_children_leak_nothing", "pinned")
+
+
+@pytest.mark.parametrize("control", ["0", "1"])
+def test_plain_host_side_loads_no_cuda(control):
+    env = {"UMP_GPU_CONTROL": control, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    if control == "0":
+        env["UMP_ALLOC_HOST_SIDE"] = "host"
+    check("plain_host_side_loads_no_cuda", None, env)
