@@ -155,7 +155,9 @@ pub fn init() -> Result<&'static Allocator> {
         None => {
             // Probed above, unless an override changed the request meanwhile (INIT is held
             // here: probe directly, as `caps` does under it).
-            let caps = caps.unwrap_or_else(|| CAPS.get_or_init(cuda::probe)).clone();
+            let caps = caps
+                .unwrap_or_else(|| CAPS.get_or_init(cuda::probe))
+                .clone();
             let selection = caps.select_sides(config.mode, config.host_side, config.device_side)?;
             let side = selection.sides.host;
             let _ = gpu.set(Gpu::new(caps, selection));
