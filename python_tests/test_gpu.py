@@ -313,3 +313,16 @@ def test_plain_host_side_loads_no_cuda(control):
     if control == "0":
         env["UMP_ALLOC_HOST_SIDE"] = "host"
     check("plain_host_side_loads_no_cuda", None, env)
+
+
+@pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
+def test_fork_while_threads_allocate_on_shared_pinned_pages():
+    """test_fork's churn (two threads allocating and freeing NumPy arrays while the main thread
+    forks 60 times; each child reads, writes and allocates) on the pinned host side, whose fork
+    handlers now also open a generation and hand the child its lock."""
+    from test_fork import FORK_CHURN
+
+    r = run_python(FORK_CHURN.replace("FORKS", "60"), env={"UMP_ALLOC_MODE": "pinned"})
+    ok, forks, first = r.stdout.split()
+    assert ok == forks == "60", r.stderr
+    assert first == "0", "the child's write reached the parent"
