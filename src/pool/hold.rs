@@ -9,12 +9,13 @@
 //!   out of use, counted in `stats.fork_held`, but not free memory (a large block's span is in
 //!   state `SPAN_HELD`; a slab slot stays out of its slab, so its slab stays too).
 //! - Slabs follow a per-slab rule (a slot's own generation is not kept): a slab's stamp is
-//!   renewed whenever it is taken from with none of its slots out, so a slab holds back frees
-//!   only if it had blocks out at a fork a child of which may live. That bounds what a long
-//!   life of children holds back by the slabs in use at their forks.
+//!   renewed whenever its last slot out comes back, so a slab holds back frees only if it had
+//!   blocks out at a fork a child of which may live (or was emptied before that fork and used
+//!   again after it). That bounds what a long life of children holds back by the slabs in use
+//!   at their forks.
 //! - Held blocks go back (`release_held`) once the children's locks say no child that may
-//!   read them lives: looked at on the allocation slow paths at most every few milliseconds,
-//!   and at once by `trim` and the statistics.
+//!   read them lives: looked at when the pool needs a span (a large block or a new slab) at
+//!   most every few milliseconds, and at once by `trim` and the statistics.
 //!
 //! While no child may live (`live_max() == 0`), a free costs one relaxed load more.
 

@@ -172,7 +172,7 @@ impl ClassState {
 
     /// Take up to `want` free slots, from partial slabs first, then a kept empty slab.
     /// Returns the slots and the bytes of empty slabs brought back into use.
-    fn take(&mut self, want: usize, out: &mut Vec<Slot>, born: u64) -> usize {
+    fn take(&mut self, want: usize, out: &mut Vec<Slot>) -> usize {
         let mut revived = 0;
         while out.len() < want {
             let id = match self.partial.last() {
@@ -188,10 +188,6 @@ impl ClassState {
                 },
             };
             let st = &mut self.slabs[id];
-            if st.out == 0 {
-                // No block of it is out: its blocks are of this generation from now on.
-                st.desc.born.store(born, Ordering::Relaxed);
-            }
             while out.len() < want {
                 let idx = match st.free.pop() {
                     Some(i) => i as usize,
@@ -284,7 +280,6 @@ impl Pool {
     /// every cache and slab of the pool).
     fn refill(&'static self, ci: usize) -> Result<Slot> {
         self.decay_if_due();
-        self.release_held_if_due();
         let extra = if tcache::ensure(self) {
             tcache::fill(self, ci)
         } else {
@@ -325,7 +320,7 @@ impl Pool {
     }
 
     fn take_slots(&'static self, st: &mut ClassState, want: usize, out: &mut Vec<Slot>) {
-        let revived = st.take(want, out, self.birth_gen());
+        let revived = st.take(want, out);
         if revived > 0 {
             self.kept_slabs.fetch_sub(revived, Ordering::Relaxed);
         }
@@ -364,6 +359,7 @@ impl Pool {
         };
         let desc = st.slabs[id].desc;
         let start = span.start();
+        desc.born.store(self.birth_gen(), Ordering::Relaxed);
         desc.base.store(start, Ordering::Release);
         desc.span
             .store(span as *const Span as usize, Ordering::Release);
@@ -461,8 +457,13 @@ impl Pool {
     pub(super) fn return_slots(&'static self, ci: usize, slots: impl IntoIterator<Item = Slot>) {
         let mut st = lock(&self.classes[ci]);
         for (slab, idx) in slots {
-            if st.give(slab.id, idx) && !self.keep_empty(&mut st, slab) {
-                self.release_slab(&mut st, slab.id);
+            if st.give(slab.id, idx) {
+                // No block of it is out: blocks it hands out from now on are of this
+                // generation or later (see `hold`).
+                slab.born.store(self.birth_gen(), Ordering::Relaxed);
+                if !self.keep_empty(&mut st, slab) {
+                    self.release_slab(&mut st, slab.id);
+                }
             }
         }
     }
