@@ -254,7 +254,15 @@ impl Pool {
         } else {
             None
         };
-        let (slab, idx) = match hot.or_else(|| tcache::pop(self, ci, n)) {
+        // An explicit branch rather than `hot.or_else(|| tcache::pop(..))`: LLVM stopped
+        // inlining that closure's `or_else` into this function after unrelated changes in the
+        // crate, which cost about 30 instructions per allocation.
+        let cached = if hot.is_some() {
+            hot
+        } else {
+            tcache::pop(self, ci, n)
+        };
+        let (slab, idx) = match cached {
             Some(x) if hot.is_some() => {
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 self.stats.allocs.fetch_add(1, Ordering::Relaxed);
