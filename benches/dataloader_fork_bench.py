@@ -83,7 +83,7 @@ def main() -> int:
     ap.add_argument("--variants", default="plain,ump,ump-copy")
     ap.add_argument("--json")
     args = ap.parse_args()
-    from _benchutil import gpu_or_skip
+    from _benchutil import gpu_or_skip, ump_env
 
     gpu_or_skip("torch", "torchvision")
     rows = []
@@ -91,8 +91,7 @@ def main() -> int:
         for pin in ("1", "0"):
             for v in args.variants.split(","):
                 print(f"{v} persistent_workers={persistent} pin_memory={pin} ...", file=sys.stderr, flush=True)
-                env = {k: x for k, x in os.environ.items() if not (k.startswith("UMP_ALLOC") and k != "UMP_ALLOC_LIBRARY")}
-                env.update(VARIANTS[v])
+                env = ump_env(VARIANTS[v])
                 r = subprocess.run([sys.executable, "-c", WORKER, str(args.epochs), persistent, pin], env=env,
                                    capture_output=True, text=True, timeout=1800)
                 if r.returncode != 0:

@@ -141,9 +141,9 @@ VARIANTS = {
 
 
 def _env(variant: str) -> dict:
-    e = {k: v for k, v in os.environ.items() if not (k.startswith("UMP_ALLOC") and k != "UMP_ALLOC_LIBRARY")}
-    e.update(VARIANTS[variant])
-    return e
+    from _benchutil import ump_env
+
+    return ump_env(VARIANTS[variant])
 
 
 def fork_part(variants, sizes, reps):
