@@ -96,10 +96,10 @@ def info() -> int:
     if caps["host_reason"] or caps["device_reason"]:
         print(f"  host side (NumPy):            {caps['host_side']}")
         print(f"    why: {caps['host_reason']}")
-        print(f"  device side (CuPy, PyTorch):  {caps['device_side']}")
-        print(f"    why: {caps['device_reason']}")
         if caps["fork_rule"]:
             print(f"    fork(): {caps['fork_rule']}")
+        print(f"  device side (CuPy, PyTorch):  {caps['device_side']}")
+        print(f"    why: {caps['device_reason']}")
     else:
         print(f"  why: {caps['mode_reason']}")
     if _dist_version("cupy") is not None and not fatal:
