@@ -1818,6 +1818,7 @@ def fork_children_leak_nothing():
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     data = [rng.random(n) for n in (2**24, 2**20, 5000, 10)]
     sums = [float(a.sum()) for a in data]
+    fds = len(os.listdir("/proc/self/fd"))
     pids = []
     for i in range(40):
         pid = os.fork()
@@ -1836,6 +1837,7 @@ def fork_children_leak_nothing():
         sums[-1] = float(data[-1].sum())
     bad = [s for s in (os.waitpid(p, 0)[1] for p in pids) if s]
     assert not bad, bad
+    assert len(os.listdir("/proc/self/fd")) == fds, "a child's lock left a descriptor in the parent"
     s = ump_alloc.stats()
     assert s["fork_held"] == {"bytes": 0, "blocks": 0}, s["fork_held"]
     del data

@@ -144,6 +144,10 @@ fn wait(pid: libc::pid_t) -> i32 {
     }
 }
 
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
 fn held(p: &Pool) -> (usize, usize) {
     use std::sync::atomic::Ordering::Relaxed;
     (
@@ -189,6 +193,7 @@ fn a_child_reads_the_parents_arrays_and_its_writes_stay_private() {
         Kind::UMP_KIND_REGISTERED
     );
     assert!(shared::file_bytes().unwrap() >= 43 * MIB as u64);
+    let fds = open_descriptors();
     let child = fork_child(|| {
         let ok = holds(big, 40 * MIB, 1)
             && holds(mid, 3 * MIB, 2)
@@ -206,6 +211,11 @@ fn a_child_reads_the_parents_arrays_and_its_writes_stay_private() {
         wait(child),
         0,
         "the child read wrong data or its writes were not its own"
+    );
+    assert_eq!(
+        open_descriptors(),
+        fds,
+        "the child's lock left a descriptor open in the parent"
     );
     assert!(
         holds(big, 40 * MIB, 1),
