@@ -20,3 +20,13 @@ def gpu_or_skip(*modules: str) -> None:
     if not caps["cuda_available"] or not caps["device_count"]:
         print("skipped: no CUDA GPU on this machine (the benchmark measures GPU memory)")
         sys.exit(0)
+
+
+def ump_env(settings: dict) -> dict:
+    """This process's environment without its ``UMP_ALLOC*`` settings (``UMP_ALLOC_LIBRARY``
+    kept), plus ``settings``: the environment of one configuration's fresh interpreter."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("UMP_ALLOC") and k != "UMP_ALLOC_LIBRARY")}
+    env.update(settings)
+    return env

@@ -19,8 +19,9 @@
 // Most devices `ump_capabilities` describes.
 #define UMP_MAX_DEVICES 16
 
-// Version of `ump_capabilities` (2: each side's kind and reason).
-#define UMP_CAPABILITIES_VERSION 2
+// Version of `ump_capabilities` (2: each side's kind and reason; 3: what fork() does with the
+// host side's memory).
+#define UMP_CAPABILITIES_VERSION 3
 
 // Version of `ump_identity`.
 #define UMP_IDENTITY_VERSION 1
@@ -37,8 +38,8 @@
 
 // Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields; 3: address space
 // reserved and the largest free block, per device and for the host side, and the host side's
-// reallocs with and without a copy).
-#define UMP_STATS_VERSION 3
+// reallocs with and without a copy; 4: the host side's blocks held back for fork children).
+#define UMP_STATS_VERSION 4
 
 // The two ways to hand data to the other side.
 enum ump_path {
@@ -280,6 +281,11 @@ struct ump_capabilities {
   char host_reason[256];
   // Why the device side has that memory, NUL-terminated.
   char device_reason[256];
+  // The host side's pinned pages are shared with `fork()` children, not copied into them
+  // (`UMP_ALLOC_PINNED_FORK=share` where the machine allows it).
+  bool fork_shared;
+  // What `fork()` does with the host side's memory, and what a child sees, NUL-terminated.
+  char fork_rule[256];
 };
 
 // What `ump_identify` knows of an address. Versioned like `ump_capabilities`.
@@ -394,6 +400,11 @@ struct ump_stats {
   uint64_t host_reallocs_in_place;
   uint64_t host_reallocs_copied;
   uint64_t host_realloc_copied_bytes;
+  // Pinned host side shared with `fork()` children (`UMP_ALLOC_PINNED_FORK=share`): bytes
+  // and blocks freed by this process but held back, not reused, while a child forked when
+  // they were live may still read them. They go back once no such child lives.
+  uint64_t host_fork_held;
+  uint64_t host_fork_held_blocks;
 };
 
 // One pool of ump-alloc, as `ump_pool_stat` reports it. Versioned like `ump_stats`.
@@ -723,6 +734,13 @@ size_t ump_trim(void);
 // # Safety
 // `out` is NULL or points to a writable `ump_capabilities` whose `size` field is set.
 int ump_capabilities(struct ump_capabilities *out);
+
+// 1 when `ptr` is the start of a live block of ump-alloc's (from any of its allocation
+// functions), else 0 (NULL, foreign memory, a freed block, an address inside a block). A
+// registry lookup: lock-free, and it never asks the CUDA driver (`ump_identify` may, to say
+// who can reach the memory), so a program on plain host memory can ask it without loading
+// the driver.
+int ump_owns(const void *ptr);
 
 // Tell what `ptr` is: whether it lies in a live block of ours (any address inside the block,
 // not only its start), the kind of memory, the block's base and size, its device, and

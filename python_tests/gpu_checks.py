@@ -1907,3 +1907,230 @@ def numpy_thread_made_before_enable():
         ump_alloc.disable()
     assert ump_alloc.error_count() == errors, ump_alloc.last_error()
     print(f"worker made before enable(): {ib.kind} before, ours and device-accessible after ({ump_alloc.mode()})")
+
+
+# ---- issue 20: fork() and the pinned host side ----------------------------------------------------
+
+
+def _private_dirty_mib():
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _child_report(w, fn):
+    """In a fork child: run `fn`, send its repr() through `w`, leave (status 0 if it returned)."""
+    code = 3
+    try:
+        os.write(w, repr(fn()).encode()[:4000])
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        os.write(w, f"error {type(e).__name__}: {e}".encode()[:4000])
+    finally:
+        os._exit(code)
+
+
+def _read_all(r):
+    out = b""
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            return out.decode()
+        out += b
+
+
+def fork_pinned_pages():
+    """A fork child of a process holding 1 GiB of pinned NumPy arrays (CUDA in use): with
+    UMP_ALLOC_PINNED_FORK=share (the default) it starts with almost no memory of its own, reads
+    the arrays right, and its writes stay its own; with =copy (the control) fork copies the whole
+    gibibyte into it, as before issue 20."""
+    import cupy as cp
+
+    import ump_alloc
+
+    share = os.environ.get("UMP_ALLOC_PINNED_FORK", "share") == "share"
+    ump_alloc.enable(torch=False)
+    caps = ump_alloc.capabilities()
+    assert caps["fork_shared"] == share, caps["fork_rule"]
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    big = rng.integers(0, 2**63, 2**30 // 8, dtype=np.int64)          # 1 GiB, one chunk
+    small = [rng.random(n) for n in (3, 1000, 30_000, 200_000)]     # slabs and an arena
+    assert ump_alloc.identify(big).kind == "registered"
+    want = int(big.sum(dtype=np.uint64)), [float(s.sum()) for s in small]
+    g = ump_alloc.asarray(big, like="cupy")                         # the GPU reads it in place
+    assert int(cp.sum(g, dtype=cp.uint64).get()) == want[0]
+    r, w = os.pipe()
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        def child():
+            dirty0 = _private_dirty_mib()
+            ok = int(big.sum(dtype=np.uint64)) == want[0] and [float(s.sum()) for s in small] == want[1]
+            dirty1 = _private_dirty_mib()
+            big[::4096] = -1                                        # one word per 32 KiB
+            small[1][:] = -1
+            return ok, round(dirty0), round(dirty1), round(_private_dirty_mib())
+        _child_report(w, child)
+    fork_ms = (time.perf_counter() - t0) * 1e3
+    os.close(w)
+    got = _read_all(r)
+    _, status = os.waitpid(pid, 0)
+    print(f"UMP_ALLOC_PINNED_FORK={'share' if share else 'copy'}: fork {fork_ms:.1f} ms; child "
+          f"(read right, Private_Dirty MiB after fork / after reading / after writing): {got}")
+    assert status == 0, got
+    ok, dirty_fork, dirty_read, dirty_write = eval(got)  # noqa: S307 - our own repr of a tuple
+    assert ok, "the child read wrong data"
+    if share:
+        assert dirty_fork < 256 and dirty_read < 256, "fork copied the pinned pages"
+        assert dirty_write >= 100, "the child's writes were not its own pages"
+    else:
+        assert dirty_fork >= 900, "control: fork copies every pinned page (issue 20's measurement)"
+    assert int(big.sum(dtype=np.uint64)) == want[0] and float(small[1].sum()) == want[1][1], \
+        "the child's writes reached the parent"
+    assert int(cp.sum(g, dtype=cp.uint64).get()) == want[0], "the GPU still reads the parent's pages"
+
+
+def fork_holds_freed_blocks():
+    """A child reads arrays the parent frees and replaces meanwhile: the child's view stays
+    right (the freed blocks are held back, not reused, and counted in stats()['fork_held']), and
+    once the child is gone they go back and are reused. Control: the parent's in-place writes to
+    an array made before the fork show in the child (UMP_ALLOC_PINNED_FORK=share), so reusing a
+    freed block would corrupt the child's view; with =copy they do not."""
+    import cupy as cp
+
+    import ump_alloc
+
+    share = os.environ.get("UMP_ALLOC_PINNED_FORK", "share") == "share"
+    ump_alloc.enable(torch=False)
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    keep = rng.random(2**20)                                    # lives on: the in-place control
+    freed = [rng.random(n) for n in (64 * 2**20 // 8, 3 * 2**20, 4096, 100, 100, 7)]
+    sums = [float(a.sum()) for a in freed]
+    addrs = [a.ctypes.data for a in freed]
+    cp.asarray(keep).sum()                                      # CUDA in use in the parent
+    go_r, go_w = os.pipe()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_w)
+        def child():
+            os.read(go_r, 1)
+            return [float(a.sum()) for a in freed], float(keep[12345])
+        _child_report(w, child)
+    os.close(w)
+    os.close(go_r)
+    del freed
+    held = ump_alloc.stats()["fork_held"]
+    new = [np.full(n, 7.0) for n in (64 * 2**20 // 8, 3 * 2**20, 4096, 100, 100, 7)]
+    reused = [a.ctypes.data in addrs for a in new]
+    keep[12345] = -5.0                                          # in place, after the fork
+    os.write(go_w, b"1")
+    got = _read_all(r)
+    _, status = os.waitpid(pid, 0)
+    print(f"UMP_ALLOC_PINNED_FORK={'share' if share else 'copy'}: held while the child lived: {held}; "
+          f"new arrays at old addresses: {reused}; child: {got}")
+    assert status == 0, got
+    child_sums, child_keep = eval(got)  # noqa: S307 - our own repr
+    assert child_sums == sums, "the child's view of the freed arrays changed"
+    if share:
+        assert held["blocks"] >= 6 and held["bytes"] >= 88 * 2**20, held
+        assert not any(reused), "a held block was reused while the child lived"
+        assert child_keep == -5.0, "control: the parent's later in-place write shows in the child"
+    else:
+        assert held == {"bytes": 0, "blocks": 0}, held
+        assert child_keep != -5.0, "control: copies do not see the parent's later writes"
+    after = ump_alloc.stats()["fork_held"]
+    assert after == {"bytes": 0, "blocks": 0}, f"still held after the child exited: {after}"
+    if share:
+        # `new` still lives: the only free 64 MiB chunk is the one given back.
+        again = np.empty(64 * 2**20 // 8)
+        print("after the child: held", after, "; the big block reused:", again.ctypes.data == addrs[0])
+        assert again.ctypes.data == addrs[0], "the released block is reused"
+
+
+def fork_children_leak_nothing():
+    """Forty fork children (DataLoader-style, some forking again) read the parent's pinned arrays
+    and exit; then nothing is held back, trim() gives every pinned byte back, and the shared
+    memory file holds no memory."""
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+
+    def file_bytes():
+        fds = [f for f in os.listdir("/proc/self/fd") if "ump-alloc-pinned" in os.readlink(f"/proc/self/fd/{f}")]
+        return os.stat(f"/proc/self/fd/{fds[0]}").st_blocks * 512 if fds else 0
+
+    ump_alloc.trim()
+    pinned0, file0 = ump_alloc.stats()["pinned"]["bytes"], file_bytes()
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    data = [rng.random(n) for n in (2**24, 2**20, 5000, 10)]
+    sums = [float(a.sum()) for a in data]
+    fds = len(os.listdir("/proc/self/fd"))
+    pids = []
+    for i in range(40):
+        pid = os.fork()
+        if pid == 0:
+            ok = [float(a.sum()) for a in data] == sums
+            if i % 5 == 0:                                     # a child that forks again
+                p2 = os.fork()
+                if p2 == 0:
+                    os._exit(0 if [float(a.sum()) for a in data] == sums else 4)
+                ok = ok and os.waitpid(p2, 0)[1] == 0
+            x = np.ones(2**20)                                  # the child allocates too
+            os._exit(0 if ok and x.sum() == 2**20 else 3)
+        pids.append(pid)
+        del data[-1]                                            # the parent frees while children run
+        data.append(rng.random(10))
+        sums[-1] = float(data[-1].sum())
+    bad = [s for s in (os.waitpid(p, 0)[1] for p in pids) if s]
+    assert not bad, bad
+    assert len(os.listdir("/proc/self/fd")) == fds, "a child's lock left a descriptor in the parent"
+    s = ump_alloc.stats()
+    assert s["fork_held"] == {"bytes": 0, "blocks": 0}, s["fork_held"]
+    del data
+    mid = file_bytes()
+    ump_alloc.trim()
+    s = ump_alloc.stats()
+    print(f"pinned {pinned0} and memory file {file0} bytes before; with the arrays: file {mid}; after 40 "
+          f"children and trim: pinned {s['pinned']['bytes']}, held {s['fork_held']}, file {file_bytes()}")
+    assert mid >= 136 * 2**20, "the arrays are in the memory file"
+    assert s["pinned"]["bytes"] <= pinned0 and file_bytes() <= file0
+
+
+def plain_host_side_loads_no_cuda():
+    """UMP_ALLOC_HOST_SIDE=host on the GPU machine: a NumPy program that allocates and forks starts
+    no thread and does not load the CUDA driver (Python 3.12's fork warning, made an error here,
+    stays quiet); asking for the mode loads it. Control (UMP_GPU_CONTROL=1, default sides): the
+    driver is loaded at enable()."""
+    import warnings
+
+    import ump_alloc
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    def cuda_loaded():
+        with open("/proc/self/maps") as f:
+            return "libcuda.so" in f.read()
+
+    control = os.environ.get("UMP_GPU_CONTROL") == "1"
+    start = threads()
+    ump_alloc.enable()
+    a = np.random.default_rng(1).random(2**22)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if a.sum() > 0 else 3)
+    assert os.waitpid(pid, 0)[1] == 0
+    fork_warnings = [str(w.message) for w in seen if "multi-threaded" in str(w.message)]
+    print(f"threads {start} -> {threads()}, libcuda loaded: {cuda_loaded()}, fork warnings: {fork_warnings}, "
+          f"control: {control}")
+    if control:
+        assert cuda_loaded(), "control: the default sides load the driver at enable()"
+        return
+    assert threads() == start and not cuda_loaded() and not fork_warnings, (start, threads())
+    print("mode when asked:", ump_alloc.mode(), "| libcuda loaded now:", cuda_loaded())
+    assert cuda_loaded()

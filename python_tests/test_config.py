@@ -116,15 +116,19 @@ def test_info_and_demo_commands():
 
 def test_capabilities_shape():
     c = ump_alloc.capabilities()
-    assert c["version"] == 2
+    assert c["version"] == 3
     assert c["host_side"] in ("host", "system", "pinned", "managed") and c["host_reason"]
     assert c["device_side"] in ("none", "system", "managed", "pinned", "device") and c["device_reason"]
     assert c["alignment"] >= 16
     assert c["mode"] in ("host", "system", "managed", "registered", "device", "pinned", "custom")
     assert c["mode_reason"]
     assert c["device_count"] == len(c["devices"])
+    assert c["fork_rule"] and isinstance(c["fork_shared"], bool)
+    if c["host_side"] != "pinned":
+        assert not c["fork_shared"]
     if not GPU:
         assert not c["cuda_available"] and c["mode"] == "host"
+        assert c["fork_rule"].startswith("copy-on-write"), c["fork_rule"]
 
 
 def test_config_table_lists_every_variable():

@@ -103,6 +103,7 @@ def _info(env):
         ({"UMP_ALLOC_ALIGNMENT": "3"}, 'UMP_ALLOC_ALIGNMENT="3": 3 is not a power of two'),
         ({"UMP_ALLOC_NO_CUDA": "true"}, 'UMP_ALLOC_NO_CUDA="true": expected 0 or 1'),
         ({"UMP_ALLOC": "2"}, 'UMP_ALLOC="2"'),
+        ({"UMP_ALLOC_PINNED_FORK": "shared"}, 'UMP_ALLOC_PINNED_FORK="shared": expected share'),
     ],
 )
 def test_info_says_configuration_error_and_fails(env, needle):
@@ -154,3 +155,21 @@ def test_command_line_version_and_help():
     r = subprocess.run([sys.executable, "-m", "ump_alloc", "bench", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "usage:" in r.stdout
     assert "``" not in r.stdout and ":func:" not in r.stdout, r.stdout
+
+
+def test_info_says_what_fork_children_get():
+    """The host side's fork() rule is printed under it: without a GPU, plain memory copied on
+    write; UMP_ALLOC_PINNED_FORK is shown with the other variables."""
+    r = _info({"UMP_ALLOC_PINNED_FORK": "copy"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    import re
+
+    assert re.search(r"UMP_ALLOC_PINNED_FORK +=  ?copy ", r.stdout), r.stdout
+    host = r.stdout.split("host side (NumPy):")[1].split("device side")[0]
+    assert "fork(): " in host, r.stdout
+    import ump_alloc
+
+    if ump_alloc.capabilities()["host_side"] == "pinned":
+        assert "fork(): copy: fork() copies every pinned page" in host and "UMP_ALLOC_PINNED_FORK=copy" in host
+    else:
+        assert "fork(): copy-on-write" in host

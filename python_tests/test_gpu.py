@@ -307,3 +307,44 @@ def test_transfer_choice_torch(mode):
 @pytest.mark.parametrize("mode", SHARED or ["managed"])
 def test_numpy_thread_made_before_enable(mode):
     check("numpy_thread_made_before_enable", mode)
+
+
+# ---- issue 20: fork() and the pinned host side ---------------------------------------------------
+
+
+@pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
+@pytest.mark.parametrize("fork", ["share", "copy"])
+def test_fork_pinned_pages(fork):
+    check("fork_pinned_pages", "pinned", {"UMP_ALLOC_PINNED_FORK": fork})
+
+
+@pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
+@pytest.mark.parametrize("fork", ["share", "copy"])
+def test_fork_holds_freed_blocks(fork):
+    check("fork_holds_freed_blocks", "pinned", {"UMP_ALLOC_PINNED_FORK": fork})
+
+
+@pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
+def test_fork_children_leak_nothing():
+    check("fork_children_leak_nothing", "pinned")
+
+
+@pytest.mark.parametrize("control", ["0", "1"])
+def test_plain_host_side_loads_no_cuda(control):
+    env = {"UMP_GPU_CONTROL": control, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    if control == "0":
+        env["UMP_ALLOC_HOST_SIDE"] = "host"
+    check("plain_host_side_loads_no_cuda", None, env)
+
+
+@pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
+def test_fork_while_threads_allocate_on_shared_pinned_pages():
+    """test_fork's churn (two threads allocating and freeing NumPy arrays while the main thread
+    forks 60 times; each child reads, writes and allocates) on the pinned host side, whose fork
+    handlers now also open a generation and hand the child its lock."""
+    from test_fork import FORK_CHURN
+
+    r = run_python(FORK_CHURN.replace("FORKS", "60"), env={"UMP_ALLOC_MODE": "pinned"})
+    ok, forks, first = r.stdout.split()
+    assert ok == forks == "60", r.stderr
+    assert first == "0", "the child's write reached the parent"

@@ -23,7 +23,8 @@ def test_stats_follow_numpy_allocations(ump):
 def _stats_follow(rng):
     ump_alloc.reset_peak()
     s0 = ump_alloc.stats()
-    assert s0["version"] == 3 and s0["mode"] != "unset"
+    assert s0["version"] == 4 and s0["mode"] != "unset"
+    assert s0["fork_held"] == {"bytes": 0, "blocks": 0}, "no fork child, nothing held back"
     a = rng.random(1 << 20)  # 8 MiB
     s1 = ump_alloc.stats()
     assert ump_alloc.handles(a)

@@ -9,7 +9,7 @@ use crate::config::{self, Config};
 use crate::error::ERRORS;
 use crate::error::{Error, Result, Status};
 use crate::host::HostPools;
-use crate::mode::{DeviceSide, MachineCaps, Mode, ModeRequest, Selection};
+use crate::mode::{DeviceSide, HostSide, MachineCaps, Mode, ModeRequest, Selection};
 use crate::pool::{self, BlockInfo, Pool};
 use crate::prim::{cuda, os};
 use crate::stats::{
@@ -22,18 +22,58 @@ use std::sync::{Mutex, OnceLock};
 /// The fixed state after initialisation.
 pub struct Allocator {
     pub config: Config,
+    pub alignment: usize,
+    host: HostPools,
+    /// What needs the machine's capabilities: the sides, and the device side's pools. Made at
+    /// initialisation, except where the host side needs no GPU and the device side is left to
+    /// `auto` (a plain host side): then at the first use of the device side or a question
+    /// about the mode, so that a program that never touches a GPU loads no CUDA driver (no
+    /// driver threads, and fork children free to initialise CUDA themselves).
+    gpu: OnceLock<Gpu>,
+    device_pool_lock: Mutex<()>,
+}
+
+/// The part of the allocator that depends on the machine's capabilities.
+pub struct Gpu {
+    pub caps: MachineCaps,
     /// The preset the sides make up (or `Custom`).
     pub mode: Mode,
     /// The sides and why each was chosen.
     pub selection: Selection,
     pub mode_reason: String,
-    pub alignment: usize,
-    pub caps: MachineCaps,
     /// Every device reads pageable memory (HMM or ATS).
     hmm: bool,
-    host: HostPools,
     devices: Vec<OnceLock<&'static StreamPools>>,
-    device_pool_lock: Mutex<()>,
+}
+
+impl Gpu {
+    fn new(caps: MachineCaps, selection: Selection) -> Gpu {
+        Gpu {
+            hmm: caps.pageable_everywhere(),
+            devices: (0..caps.devices.len()).map(|_| OnceLock::new()).collect(),
+            mode: selection.mode,
+            mode_reason: selection.reason(),
+            selection,
+            caps,
+        }
+    }
+}
+
+/// The host side a configuration gets without asking the machine, if the rest can wait: a
+/// plain host side with the device side left to `auto` (`UMP_ALLOC_HOST_SIDE=host`, or mode
+/// `host`). Anything else needs the capabilities at once (to choose, or to refuse a side the
+/// machine cannot do when the allocator is enabled).
+fn host_side_without_caps(config: &Config) -> Option<HostSide> {
+    use crate::mode::SideRequest::{Auto, Forced};
+    let plain = matches!(
+        (config.mode, config.host_side),
+        (ModeRequest::Auto, Forced(HostSide::Host))
+            | (
+                ModeRequest::Forced(Mode::Host),
+                Auto | Forced(HostSide::Host)
+            )
+    );
+    (plain && config.device_side == Auto).then_some(HostSide::Host)
 }
 
 /// Settings made through the API before initialisation; they override the environment.
@@ -100,27 +140,37 @@ pub fn init() -> Result<&'static Allocator> {
     }
     // Both take INIT themselves: before it is held here.
     let config = env_config();
-    let caps = caps().clone();
+    let caps = match &config {
+        Ok(c) if host_side_without_caps(&with_overrides(c.clone())).is_some() => None,
+        _ => Some(caps()),
+    };
     let _g = lock(&INIT);
     if let Some(a) = STATE.get() {
         return Ok(a);
     }
     let config = with_overrides(config?);
-    let selection = caps.select_sides(config.mode, config.host_side, config.device_side)?;
+    let gpu = OnceLock::new();
+    let side = match host_side_without_caps(&config) {
+        Some(side) => side,
+        None => {
+            // Probed above, unless an override changed the request meanwhile (INIT is held
+            // here: probe directly, as `caps` does under it).
+            let caps = caps
+                .unwrap_or_else(|| CAPS.get_or_init(cuda::probe))
+                .clone();
+            let selection = caps.select_sides(config.mode, config.host_side, config.device_side)?;
+            let side = selection.sides.host;
+            let _ = gpu.set(Gpu::new(caps, selection));
+            side
+        }
+    };
     crate::backing::set_pinned_cap(config.pinned_limit.bytes(os::memory_available()));
-    let host = HostPools::new(selection.sides.host, &config);
-    let devices = (0..caps.devices.len()).map(|_| OnceLock::new()).collect();
-    let hmm = caps.pageable_everywhere();
+    let host = HostPools::new(side, &config);
     let a = Allocator {
-        hmm,
         alignment: config.alignment,
         config,
-        mode: selection.mode,
-        mode_reason: selection.reason(),
-        selection,
-        caps,
         host,
-        devices,
+        gpu,
         device_pool_lock: Mutex::new(()),
     };
     Ok(STATE.get_or_init(|| a))
@@ -142,13 +192,17 @@ fn with_overrides(mut config: Config) -> Config {
 }
 
 /// The verdict [`init`] would give on the configuration, without initialising: the
-/// environment's values, then the mode and sides they ask for on this machine. `Ok` once
+/// environment's values, then the mode and sides they ask for on this machine (a plain host
+/// side with the device side left to `auto` needs no probe, as in `init`). `Ok` once
 /// initialised.
 pub fn check() -> Result<()> {
     if STATE.get().is_some() {
         return Ok(());
     }
     let config = with_overrides(env_config()?);
+    if host_side_without_caps(&config).is_some() {
+        return Ok(());
+    }
     caps()
         .select_sides(config.mode, config.host_side, config.device_side)
         .map(|_| ())
@@ -156,24 +210,34 @@ pub fn check() -> Result<()> {
 
 /// Request a mode before the first allocation. Afterwards only the mode in force is accepted.
 pub fn set_mode(req: ModeRequest) -> Result<()> {
-    let caps = caps();
+    // Mode `host` needs no GPU: it is accepted without asking the machine.
+    let caps = (req != ModeRequest::Forced(Mode::Host)).then(caps);
+    if let Some(a) = get()
+        && req != ModeRequest::Auto
+    {
+        // Resolved before INIT is held (it takes INIT itself).
+        a.gpu();
+    }
     let _g = lock(&INIT);
     if let Some(a) = STATE.get() {
+        let mode = a.gpu.get().map(|g| g.mode);
         return match req {
-            ModeRequest::Forced(m) if m == a.mode => Ok(()),
+            ModeRequest::Forced(m) if Some(m) == mode => Ok(()),
             ModeRequest::Auto if a.config.mode == ModeRequest::Auto => Ok(()),
             _ => Err(Error::new(
                 Status::UMP_ERR_LOCKED,
                 format!(
                     "the mode is already '{}' (fixed at the first allocation); it cannot change to '{}'",
-                    a.mode.name(),
+                    mode.map_or("unset", Mode::name),
                     req.name()
                 ),
             )),
         };
     }
     // Refuse a mode this machine cannot do now, not at the first allocation.
-    caps.select(req)?;
+    if let Some(caps) = caps {
+        caps.select(req)?;
+    }
     lock(&OVERRIDES).mode = Some(req);
     Ok(())
 }
@@ -232,28 +296,71 @@ impl Allocator {
         &self.host
     }
 
+    /// The capabilities and the sides, probing the machine now if that was left for later.
+    pub fn gpu(&self) -> &Gpu {
+        if let Some(g) = self.gpu.get() {
+            return g;
+        }
+        // Probed before INIT is held (it takes INIT itself); made under INIT, so that no
+        // fork finds it half made.
+        let caps = caps().clone();
+        let _g = lock(&INIT);
+        self.gpu.get_or_init(|| {
+            let c = &self.config;
+            let selection = caps
+                .select_sides(c.mode, c.host_side, c.device_side)
+                .unwrap_or_else(|e| Selection {
+                    mode: Mode::Host,
+                    sides: crate::mode::Sides {
+                        host: HostSide::Host,
+                        device: DeviceSide::None,
+                    },
+                    host_reason: "plain host memory".into(),
+                    device_reason: e.msg,
+                });
+            Gpu::new(caps, selection)
+        })
+    }
+
+    /// The capabilities and the sides if they were made (see [`gpu`](Self::gpu)).
+    pub fn gpu_if_chosen(&self) -> Option<&Gpu> {
+        self.gpu.get()
+    }
+
+    /// The preset the sides make up (or `Custom`); probes the machine if that was left for
+    /// later (see [`gpu`](Self::gpu)).
+    pub fn mode(&self) -> Mode {
+        match self.gpu.get() {
+            Some(g) => g.mode,
+            // Mode `host` is known without asking the machine.
+            None if self.config.mode == ModeRequest::Forced(Mode::Host) => Mode::Host,
+            None => self.gpu().mode,
+        }
+    }
+
     /// The stream pools for GPU libraries on `device`, made on first use.
     pub fn device_pools(&self, device: i32) -> Result<&'static StreamPools> {
-        let side = self.selection.sides.device;
-        if side == DeviceSide::None {
-            return Err(Error::unsupported(format!(
-                "no GPU memory: the device side is 'none' ({})",
-                self.selection.device_reason
-            )));
-        }
-        if crate::fork::is_fork_child() {
+        if cuda::fork_poisoned() {
             return Err(Error::unsupported(
                 "GPU memory cannot be allocated in a fork() child of a process that used CUDA; \
                  start workers with multiprocessing's 'spawn' or 'forkserver' method",
             ));
         }
+        let gpu = self.gpu();
+        let side = gpu.selection.sides.device;
+        if side == DeviceSide::None {
+            return Err(Error::unsupported(format!(
+                "no GPU memory: the device side is 'none' ({})",
+                gpu.selection.device_reason
+            )));
+        }
         let slot = usize::try_from(device)
             .ok()
-            .and_then(|i| self.devices.get(i))
+            .and_then(|i| gpu.devices.get(i))
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "no CUDA device {device} (this machine has {})",
-                    self.devices.len()
+                    gpu.devices.len()
                 ))
             })?;
         if let Some(p) = slot.get() {
@@ -316,7 +423,7 @@ impl Allocator {
         if side == DeviceSide::Managed {
             let memory = usize::try_from(device)
                 .ok()
-                .and_then(|i| self.caps.devices.get(i))
+                .and_then(|i| gpu.caps.devices.get(i))
                 .map_or(0, |d| d.total_memory as usize);
             g.set_managed_discard(self.config.managed_discard, memory);
         }
@@ -328,7 +435,7 @@ impl Allocator {
     fn vmm_space(&self, device: i32) -> Option<&'static Space> {
         let caps = usize::try_from(device)
             .ok()
-            .and_then(|i| self.caps.devices.get(i))?;
+            .and_then(|i| self.gpu().caps.devices.get(i))?;
         if !self.config.device_vmm || !caps.virtual_memory {
             return None;
         }
@@ -337,16 +444,15 @@ impl Allocator {
 
     /// The stream pools of `device`, if they were made.
     pub fn device_group(&self, device: i32) -> Option<&'static StreamPools> {
-        let slot = self.devices.get(usize::try_from(device).ok()?)?;
+        let slot = self.gpu.get()?.devices.get(usize::try_from(device).ok()?)?;
         slot.get().copied()
     }
 
-    /// The device stream pools made so far.
+    /// The device stream pools made so far (none before the device side is chosen).
     pub fn device_groups(&self) -> Vec<&'static StreamPools> {
-        self.devices
-            .iter()
-            .filter_map(|s| s.get().copied())
-            .collect()
+        self.gpu.get().map_or_else(Vec::new, |g| {
+            g.devices.iter().filter_map(|s| s.get().copied()).collect()
+        })
     }
 
     /// Every pool made so far, host side first.
@@ -360,7 +466,12 @@ impl Allocator {
     /// Whether device code can reach memory of `kind` on this machine.
     #[inline]
     pub fn device_accessible(&self, kind: Kind) -> bool {
-        let hmm = self.hmm;
+        let hmm = match kind {
+            Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST => {
+                self.gpu().hmm
+            }
+            _ => false,
+        };
         match kind {
             Kind::UMP_KIND_MANAGED | Kind::UMP_KIND_REGISTERED | Kind::UMP_KIND_DEVICE => true,
             Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST => hmm,
@@ -407,13 +518,19 @@ pub fn collect_stats() -> ump_stats {
         host_reallocs_in_place: 0,
         host_reallocs_copied: 0,
         host_realloc_copied_bytes: 0,
+        host_fork_held: 0,
+        host_fork_held_blocks: 0,
     };
     let Some(a) = get() else {
         return s;
     };
     crate::pool::flush_thread_counts();
-    s.mode = a.mode.to_c();
+    s.mode = a.mode().to_c();
     let host = a.host_pool();
+    // What no child may read any more is not counted as held.
+    host.release_held(true);
+    s.host_fork_held = host.stats.fork_held.load(Ordering::Relaxed) as u64;
+    s.host_fork_held_blocks = host.stats.fork_held_blocks.load(Ordering::Relaxed) as u64;
     s.host = host.stats.usage();
     s.host.cached = a.host.cached_bytes() as u64;
     let (fb_allocs, fb_mapped) = a.host.fallback_usage();
@@ -633,7 +750,7 @@ pub fn device_malloc(n: usize, device: i32, stream: usize) -> Result<usize> {
 /// owns them.
 pub fn segment_malloc(n: usize) -> Result<Option<usize>> {
     let a = instance()?;
-    if a.selection.sides.device == DeviceSide::None || crate::fork::is_fork_child() {
+    if cuda::fork_poisoned() || a.gpu().selection.sides.device == DeviceSide::None {
         return Ok(None);
     }
     let Some(device) = cuda::current_device() else {
@@ -797,6 +914,7 @@ pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
     cuda::fork_lock_events(held);
     crate::scope::fork_lock(held);
     crate::migrate::fork_lock(held);
+    crate::backing::shared::fork_prepare(held);
 }
 
 /// Set errno to ENOMEM (the malloc family's way of saying why NULL came back).

@@ -58,6 +58,11 @@ pub const VARS: &[Var] = &[
         help: c"cap on pinned host memory (bytes such as 16G, or a percentage of RAM); beyond it NumPy gets plain host memory",
     },
     Var {
+        name: c"UMP_ALLOC_PINNED_FORK",
+        default: c"share",
+        help: c"what fork() children get of pinned NumPy memory: share (none of it is copied; a child sees the parent's later writes to arrays made before the fork on pages it has not written) | copy (every pinned page is copied into the child at fork)",
+    },
+    Var {
         name: c"UMP_ALLOC_ALIGNMENT",
         default: c"512",
         help: c"alignment of every block: a power of two, 16 ..= 65536",
@@ -171,6 +176,30 @@ impl PinnedLimit {
     }
 }
 
+/// What `fork()` does with the pinned host side's pages (`UMP_ALLOC_PINNED_FORK`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinnedFork {
+    /// Pages of one shared memory file: fork copies none; children map them copy-on-write.
+    Share,
+    /// Anonymous pages: fork copies every pinned page into the child.
+    Copy,
+}
+
+impl PinnedFork {
+    pub fn name(self) -> &'static str {
+        match self {
+            PinnedFork::Share => "share",
+            PinnedFork::Copy => "copy",
+        }
+    }
+
+    pub fn parse(v: &str) -> Option<PinnedFork> {
+        [PinnedFork::Share, PinnedFork::Copy]
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(v.trim()))
+    }
+}
+
 /// The validated configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -178,6 +207,7 @@ pub struct Config {
     pub host_side: SideRequest<HostSide>,
     pub device_side: SideRequest<DeviceSide>,
     pub pinned_limit: PinnedLimit,
+    pub pinned_fork: PinnedFork,
     pub alignment: usize,
     pub limit: Option<usize>,
     pub host_retain: usize,
@@ -205,6 +235,7 @@ impl Default for Config {
             host_side: SideRequest::Auto,
             device_side: SideRequest::Auto,
             pinned_limit: PinnedLimit::Percent(DEFAULT_PINNED_PERCENT),
+            pinned_fork: PinnedFork::Share,
             alignment: DEFAULT_ALIGNMENT,
             limit: None,
             host_retain: DEFAULT_HOST_RETAIN,
@@ -253,6 +284,14 @@ impl Config {
         if let Some(v) = get("UMP_ALLOC_PINNED_LIMIT") {
             c.pinned_limit = parse_pinned_limit(&v)
                 .map_err(|e| Error::config(format!("UMP_ALLOC_PINNED_LIMIT={v:?}: {e}")))?;
+        }
+        if let Some(v) = get("UMP_ALLOC_PINNED_FORK") {
+            c.pinned_fork = PinnedFork::parse(&v).ok_or_else(|| {
+                Error::config(format!(
+                    "UMP_ALLOC_PINNED_FORK={v:?}: expected share (fork copies no pinned page) or \
+                     copy (fork copies every pinned page: exact copy semantics)"
+                ))
+            })?;
         }
         if let Some(v) = get("UMP_ALLOC_ALIGNMENT") {
             c.alignment = parse_alignment(&v)
@@ -459,6 +498,7 @@ pub fn describe(name: &str, value: &str, memory: usize) -> Result<String> {
         "UMP_ALLOC_TORCH_UNIFIED" => switch(c.torch_unified),
         "UMP_ALLOC_CUPY_ZERO_COPY" => switch(c.cupy_zero_copy),
         "UMP_ALLOC_OVERSUBSCRIBE" => switch(c.oversubscribe),
+        "UMP_ALLOC_PINNED_FORK" => c.pinned_fork.name().into(),
         "UMP_ALLOC_TORCH_ROUTE" => match c.torch_route {
             TorchRoute::Segments => "segments".into(),
             TorchRoute::Swap => "swap".into(),
@@ -686,6 +726,13 @@ mod tests {
         assert_eq!(c.host_side, SideRequest::Forced(HostSide::Pinned));
         assert_eq!(c.device_side, SideRequest::Forced(DeviceSide::Device));
         assert_eq!(c.pinned_limit, PinnedLimit::Percent(25));
+        assert_eq!(c.pinned_fork, PinnedFork::Share);
+        assert_eq!(
+            cfg(&[("UMP_ALLOC_PINNED_FORK", " Copy ")])
+                .unwrap()
+                .pinned_fork,
+            PinnedFork::Copy
+        );
         assert_eq!(c.pinned_limit.bytes(1000), 250);
         assert_eq!(
             cfg(&[("UMP_ALLOC_PINNED_LIMIT", "16G")])
@@ -699,6 +746,8 @@ mod tests {
             ("UMP_ALLOC_PINNED_LIMIT", "0%"),
             ("UMP_ALLOC_PINNED_LIMIT", "150%"),
             ("UMP_ALLOC_PINNED_LIMIT", "lots"),
+            ("UMP_ALLOC_PINNED_FORK", "shared"),
+            ("UMP_ALLOC_PINNED_FORK", "1"),
         ] {
             let e = cfg(&[(k, v)]).unwrap_err();
             assert!(e.msg.contains(k), "{}", e.msg);
@@ -732,6 +781,7 @@ mod tests {
             "UMP_ALLOC_HOST_SIDE",
             "UMP_ALLOC_DEVICE_SIDE",
             "UMP_ALLOC_PINNED_LIMIT",
+            "UMP_ALLOC_PINNED_FORK",
             "UMP_ALLOC_PREFETCH_MIN",
             "UMP_ALLOC_MODE",
             "UMP_ALLOC_ALIGNMENT",

@@ -14,9 +14,11 @@
 //!    lock (host pool first, then each device's pools);
 //! 5. each device's orphan list, each device's table of blocks recorded on other streams,
 //!    each device's virtual-memory space, the CUDA event cache, the scope table, the queue of
-//!    background migrations.
+//!    background migrations;
+//! 6. the shared pinned memory's lock, then its table of live ranges (`backing::shared`).
 //!
-//! In the child, the caches of threads that do not exist there go back to their pools.
+//! In the child, the shared pinned memory is mapped again, private (`backing::shared`), and
+//! the caches of threads that do not exist there go back to their pools.
 
 use std::any::Any;
 use std::cell::RefCell;
@@ -51,6 +53,7 @@ fn prepare() {
 }
 
 fn parent() {
+    crate::backing::shared::fork_parent();
     crate::pool::tcache_fork_parent();
     HELD.with(|h| h.borrow_mut().take());
 }
@@ -59,6 +62,8 @@ fn child() {
     CHILD.store(true, Ordering::Relaxed);
     crate::prim::cuda::after_fork_child();
     HELD.with(|h| h.borrow_mut().take());
+    // Before anything else touches memory made before the fork.
+    crate::backing::shared::fork_child();
     crate::pool::tcache_fork_child();
     crate::migrate::after_fork_child();
 }

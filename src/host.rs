@@ -15,7 +15,7 @@
 //! `UMP_ALLOC_LIMIT` bounds both together.
 
 use crate::backing::{Backing, HostBacking, Kind, ManagedBacking, RegisteredBacking};
-use crate::config::Config;
+use crate::config::{Config, PinnedFork};
 use crate::error::{ErrorClass, Result, Status};
 use crate::mode::HostSide;
 use crate::pool::{Alloc, Pool};
@@ -30,6 +30,9 @@ pub const PINNED_DECAY: Duration = Duration::from_secs(5);
 /// The host side's pools.
 pub struct HostPools {
     side: HostSide,
+    /// Pinned side: whether its pages are shared with fork() children (`backing::shared`), or
+    /// why they are copied.
+    fork_share: std::result::Result<(), String>,
     primary: &'static Pool,
     fallback: Option<&'static Pool>,
     /// Allocations the fallback served.
@@ -49,7 +52,13 @@ impl HostPools {
                 Box::new(HostBacking::new(Kind::UMP_KIND_SYSTEM)),
                 config.host_retain,
             ),
-            HostSide::Pinned => (Box::new(RegisteredBacking::new(-1)), config.host_retain),
+            HostSide::Pinned => {
+                let share = config.pinned_fork == PinnedFork::Share;
+                let (b, why) = RegisteredBacking::host(share);
+                let mut h = Self::with_backing(side, Box::new(b), config.host_retain, config);
+                h.fork_share = why;
+                return h;
+            }
             HostSide::Managed => (Box::new(ManagedBacking::new(-1, 0, true)), usize::MAX),
         };
         Self::with_backing(side, backing, retain, config)
@@ -76,8 +85,17 @@ impl HostPools {
                 stats,
             )
         });
+        let fork_share = if primary.backing().fork_shared() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the {} host side's pages are not shared",
+                side.name()
+            ))
+        };
         HostPools {
             side,
+            fork_share,
             primary,
             fallback,
             fallback_allocs: AtomicU64::new(0),
@@ -143,6 +161,11 @@ impl HostPools {
         );
     }
 
+    /// What `fork()` does with this host side's memory (see [`fork_rule`]).
+    pub fn fork_rule(&self) -> (bool, String) {
+        fork_rule(self.side, &self.fork_share)
+    }
+
     /// Allocations the fallback served, and the bytes its pool holds now.
     pub fn fallback_usage(&self) -> (u64, usize) {
         (
@@ -160,6 +183,30 @@ impl HostPools {
     pub fn cached_bytes(&self) -> usize {
         self.pools().map(|p| p.cached_bytes()).sum()
     }
+}
+
+/// What `fork()` does with host side `side`'s memory: whether its pages are shared with the
+/// children (pinned pages of one shared file: `share` is Ok) rather than copied, and the rule
+/// in one line (for `info`).
+pub fn fork_rule(side: HostSide, share: &std::result::Result<(), String>) -> (bool, String) {
+    let rule = match (side, share) {
+        (HostSide::Pinned, Ok(())) => "share: fork() copies no pinned page; children map them \
+             copy-on-write (their writes stay theirs) but see the parent's later writes to \
+             arrays made before the fork on pages they did not write; freed ones are held back \
+             while a child lives"
+            .to_string(),
+        (HostSide::Pinned, Err(why)) => format!(
+            "copy: fork() copies every pinned page into the child at once (exact copies; \
+             about 1 s per GiB on the lent H100): {why}"
+        ),
+        (HostSide::Managed, _) => "not fork-safe: children must not touch arrays made before \
+             the fork (managed memory)"
+            .to_string(),
+        (HostSide::Host | HostSide::System, _) => "copy-on-write: children get the arrays as \
+             they were at the fork (plain memory)"
+            .to_string(),
+    };
+    (side == HostSide::Pinned && share.is_ok(), rule)
 }
 
 #[cfg(test)]

@@ -34,6 +34,10 @@ pub struct PoolStats {
     pub discarded: AtomicU64,
     pub reallocs_copied: AtomicU64,
     pub realloc_copied_bytes: AtomicU64,
+    /// Bytes and blocks freed but held back while a fork child may still read them (pools over
+    /// memory shared with fork children: see `pool::hold`).
+    pub fork_held: AtomicUsize,
+    pub fork_held_blocks: AtomicUsize,
     /// Byte counters are added here too (the device-side total of a kind).
     parent: Option<&'static PoolStats>,
 }
@@ -54,6 +58,8 @@ macro_rules! zero_stats {
             discarded: AtomicU64::new(0),
             reallocs_copied: AtomicU64::new(0),
             realloc_copied_bytes: AtomicU64::new(0),
+            fork_held: AtomicUsize::new(0),
+            fork_held_blocks: AtomicUsize::new(0),
             parent: None,
         }
     };
@@ -183,6 +189,18 @@ impl PoolStats {
         }
     }
 
+    /// A freed block of `bytes` is held back for fork children.
+    pub fn on_hold(&self, bytes: usize) {
+        self.fork_held.fetch_add(bytes, Ordering::Relaxed);
+        self.fork_held_blocks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A held block of `bytes` went back to its pool.
+    pub fn on_unhold(&self, bytes: usize) {
+        self.fork_held.fetch_sub(bytes, Ordering::Relaxed);
+        self.fork_held_blocks.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// Reset the peaks to the current values.
     pub fn reset_peak(&self) {
         self.in_use_peak.store(self.in_use(), Ordering::Relaxed);
@@ -277,8 +295,8 @@ mod tests {
 
 /// Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields; 3: address space
 /// reserved and the largest free block, per device and for the host side, and the host side's
-/// reallocs with and without a copy).
-pub const UMP_STATS_VERSION: u32 = 3;
+/// reallocs with and without a copy; 4: the host side's blocks held back for fork children).
+pub const UMP_STATS_VERSION: u32 = 4;
 /// Most devices `ump_stats` reports on (`UMP_MAX_DEVICES`; the struct spells out 16 so that
 /// the header does too).
 pub(crate) const STATS_DEVICES: usize = 16;
@@ -357,6 +375,11 @@ pub struct ump_stats {
     pub host_reallocs_in_place: u64,
     pub host_reallocs_copied: u64,
     pub host_realloc_copied_bytes: u64,
+    /// Pinned host side shared with `fork()` children (`UMP_ALLOC_PINNED_FORK=share`): bytes
+    /// and blocks freed by this process but held back, not reused, while a child forked when
+    /// they were live may still read them. They go back once no such child lives.
+    pub host_fork_held: u64,
+    pub host_fork_held_blocks: u64,
 }
 
 const _: () = assert!(STATS_KINDS == Kind::UMP_KIND_FOREIGN_HOST as usize + 1);

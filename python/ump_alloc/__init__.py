@@ -610,7 +610,10 @@ def device_access(obj, nbytes: int | None = None, device: int = 0, stream=None, 
 
 
 def capabilities() -> dict:
-    """The machine's capabilities and the mode (in force, or that would be chosen)."""
+    """The machine's capabilities and the mode (in force, or that would be chosen).
+    ``fork_shared``: NumPy's pinned pages are shared with ``fork()`` children rather than copied
+    into them (``UMP_ALLOC_PINNED_FORK``); ``fork_rule``: what a fork child gets of NumPy's
+    memory and what it sees."""
     c = _lib.Capabilities()
     c.size = _ctypes.sizeof(_lib.Capabilities)
     _lib.check(_lib.lib().ump_capabilities(_ctypes.byref(c)), "ump_capabilities")
@@ -643,6 +646,8 @@ def capabilities() -> dict:
         "device_reason": c.device_reason.decode(errors="replace"),
         "alignment": int(c.alignment),
         "devices": devices,
+        "fork_shared": bool(c.fork_shared),
+        "fork_rule": c.fork_rule.decode(errors="replace"),
     }
 
 
@@ -709,7 +714,10 @@ def stats() -> dict:
     discarded-and-prefetched to the device; ``UMP_ALLOC_MANAGED_DISCARD``). ``realloc`` counts
     NumPy's reallocations (``ndarray.resize``, ``np.fromiter``...): done
     ``in_place`` with no copy (the block stayed, grew over free memory or with its chunk, or
-    moved with its pages), or ``copied``, with the ``copied_bytes``.
+    moved with its pages), or ``copied``, with the ``copied_bytes``. ``fork_held``: pinned
+    NumPy memory this process freed but holds back, not reused, because a ``fork()`` child
+    made while it was live may still read it (``UMP_ALLOC_PINNED_FORK=share``, the default):
+    ``bytes`` and ``blocks``; it goes back once no such child lives.
     """
     s = _lib.Stats()
     s.size = _ctypes.sizeof(_lib.Stats)
@@ -747,6 +755,7 @@ def stats() -> dict:
         "scopes_open": int(s.scopes_open),
         "host_fallback": {"allocs": int(s.host_fallback_allocs), "mapped": int(s.host_fallback_mapped)},
         "pinned": {"bytes": int(s.pinned), "cap": int(s.pinned_cap)},
+        "fork_held": {"bytes": int(s.host_fork_held), "blocks": int(s.host_fork_held_blocks)},
         "errors": {
             "total": int(s.errors),
             "oom": int(s.errors_oom),

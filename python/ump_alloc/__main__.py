@@ -132,11 +132,10 @@ def info() -> int:
     if caps["host_reason"] or caps["device_reason"]:
         print(f"  host side (NumPy):            {caps['host_side']}")
         print(f"    why: {caps['host_reason']}")
+        if caps["fork_rule"]:
+            print(f"    fork(): {caps['fork_rule']}")
         print(f"  device side (CuPy, PyTorch):  {caps['device_side']}")
         print(f"    why: {caps['device_reason']}")
-        if caps["host_side"] == "managed":
-            print("    note: a managed host side is not fork-safe: fork() children must not touch "
-                  "arrays made before the fork")
     else:
         print(f"  why: {caps['mode_reason']}")
     if _dist_version("numpy") is not None:

@@ -98,6 +98,8 @@ class Capabilities(Structure):
         ("device_side", c_int),
         ("host_reason", c_char * 256),
         ("device_reason", c_char * 256),
+        ("fork_shared", c_bool),
+        ("fork_rule", c_char * 256),
     ]
 
 
@@ -184,6 +186,8 @@ class Stats(Structure):
         ("host_reallocs_in_place", c_uint64),
         ("host_reallocs_copied", c_uint64),
         ("host_realloc_copied_bytes", c_uint64),
+        ("host_fork_held", c_uint64),
+        ("host_fork_held_blocks", c_uint64),
     ]
 
 
@@ -272,6 +276,7 @@ SIGNATURES = {
     "ump_trim": (c_size_t, []),
     "ump_capabilities": (c_int, [POINTER(Capabilities)]),
     "ump_identify": (c_int, [c_void_p, POINTER(Identity)]),
+    "ump_owns": (c_int, [c_void_p]),
     "ump_host_access": (c_int, [c_void_p, c_size_t, c_void_p]),
     "ump_device_access": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
     "ump_host_access_ex": (c_int, [c_void_p, c_size_t, c_void_p, ctypes.c_double]),

@@ -237,12 +237,9 @@ def handles(array) -> bool:
     if not owner.flags.owndata:
         return False  # the memory of another object (bytes, mmap, a foreign buffer)
     ptr = owner.__array_interface__["data"][0]
-    out = _lib.Identity()
-    out.size = ctypes.sizeof(_lib.Identity)
-    if _lib.lib().ump_identify(ctypes.c_void_p(ptr), ctypes.byref(out)) != _lib.OK:
-        _lib.lib().ump_clear_error()
-        return False
-    return bool(out.ours) and int(out.base) == ptr
+    # ump_owns, not ump_identify: it never loads the CUDA driver (a NumPy-only program on plain
+    # host memory stays single-threaded, issue 20).
+    return bool(_lib.lib().ump_owns(ctypes.c_void_p(ptr)))
 
 
 def describe() -> list[str]:

@@ -94,6 +94,10 @@ def memory_summary() -> str:
         pool_row("  fallback (plain host memory)", f, "-", _count(st["host_fallback"]["allocs"]))
     if st["host_kind"] == "registered":
         rows.append((f"  pinned: {_size(st['pinned']['bytes'])} of cap {_size(st['pinned']['cap'])}", None))
+    held = st["fork_held"]
+    if held["blocks"]:
+        rows.append((f"  held back for fork() children: {_size(held['bytes'])} in {_count(held['blocks'])} "
+                     "blocks (freed here, still readable by a child)", None))
     if not st["devices"]:
         rows.append(("device side: nothing allocated (no GPU, host mode, or no GPU library used)", None))
     for dev, u in sorted(st["devices"].items()):

@@ -6,9 +6,11 @@ use crate::error::{Error, Result};
 use crate::prim::{cuda, os};
 use crate::registry::GRANULE;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
+pub mod registered;
+pub mod shared;
 pub mod vmm;
+pub use registered::{RegisteredBacking, pinned, set_pinned_cap};
 pub use vmm::{Space, VmmBacking};
 
 /// What kind of memory a block is, as reported by `ump_identify`.
@@ -82,8 +84,14 @@ pub trait Backing: Send + Sync {
     /// # Safety
     /// `chunk` came from `map` on this backing and no block in it is used any more.
     unsafe fn unmap(&self, chunk: &Chunk);
-    /// Whether fresh chunks read as zero (calloc may then skip clearing them).
+    /// Whether fresh chunks read as zero (calloc may then skip clearing them). Asked at each
+    /// allocation of a never-used span: the answer may change (a fork child).
     fn fresh_is_zero(&self) -> bool {
+        false
+    }
+    /// Whether the pages are shared with `fork()` children rather than copied into them (see
+    /// `shared`): the pool then holds back freed blocks a child may still read.
+    fn fork_shared(&self) -> bool {
         false
     }
     /// Per-block advice when a block of `size` bytes is first handed out at `ptr`
@@ -408,188 +416,6 @@ impl Backing for ManagedBacking {
         let _ = unsafe { cuda::free(chunk.raw, self.device) };
     }
 }
-
-/// Bytes of host memory pinned by every [`RegisteredBacking`] of the process.
-static PINNED: AtomicUsize = AtomicUsize::new(0);
-/// The cap on [`PINNED`] (`UMP_ALLOC_PINNED_LIMIT`), set once at initialisation.
-static PINNED_CAP: AtomicUsize = AtomicUsize::new(usize::MAX);
-
-/// Set the cap on pinned host memory (at initialisation).
-pub fn set_pinned_cap(bytes: usize) {
-    PINNED_CAP.store(bytes, Ordering::Relaxed);
-}
-
-/// Bytes of host memory pinned now, and the cap.
-pub fn pinned() -> (usize, usize) {
-    (
-        PINNED.load(Ordering::Relaxed),
-        PINNED_CAP.load(Ordering::Relaxed),
-    )
-}
-
-/// Pinned host memory: anonymous mappings registered with CUDA (cuMemHostRegister, portable
-/// and mapped), at the same address on every device: NumPy's side without HMM/ATS (host side
-/// `pinned`), and both sides of mode `registered`. Registering costs about 25 ms per GiB plus
-/// populating the pages, so chunks are cached above (the host pool keeps idle pinned chunks
-/// for a while: see `Pool`'s decay). Every chunk counts against the process's pinned cap;
-/// past it, and in a `fork()` child (no CUDA there), `map` refuses with `UMP_ERR_UNSUPPORTED`
-/// and the host side falls back to plain memory.
-pub struct RegisteredBacking {
-    device: i32,
-}
-
-impl RegisteredBacking {
-    pub fn new(device: i32) -> Self {
-        RegisteredBacking { device }
-    }
-}
-
-impl Backing for RegisteredBacking {
-    fn kind(&self) -> Kind {
-        Kind::UMP_KIND_REGISTERED
-    }
-    fn device(&self) -> i32 {
-        self.device
-    }
-    fn map(&self, size: usize) -> Result<Chunk> {
-        if !cuda::available() {
-            return Err(Error::unsupported(
-                "pinned host memory needs CUDA (not available here, e.g. in a fork() child)",
-            ));
-        }
-        let cap = PINNED_CAP.load(Ordering::Relaxed);
-        if PINNED
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
-                p.checked_add(size).filter(|&t| t <= cap)
-            })
-            .is_err()
-        {
-            return Err(Error::unsupported(format!(
-                "the cap on pinned host memory ({} MiB, UMP_ALLOC_PINNED_LIMIT) is reached",
-                cap >> 20
-            )));
-        }
-        // A chunk of its own (a large block) sits at the start of a reservation with room to
-        // grow in place (realloc): the room is address space only, neither memory nor pinned.
-        let raw_size = if size >= crate::pool::ARENA / 2 {
-            size.saturating_mul(GROW_ROOM).max(GROW_ROOM_MIN)
-        } else {
-            size
-        };
-        let Some(p) = os::reserve(raw_size, GRANULE).filter(|p| {
-            os::commit(p.as_ptr(), size) || {
-                // SAFETY: the reservation just made, unused.
-                unsafe { os::unmap(*p, raw_size) };
-                false
-            }
-        }) else {
-            PINNED.fetch_sub(size, Ordering::Relaxed);
-            return Err(Error::oom(format!(
-                "the OS refused a mapping of {size} bytes"
-            )));
-        };
-        let base = p.as_ptr() as usize;
-        // Huge pages before the pages are populated (registering populates them).
-        if size >= HUGEPAGE_MIN {
-            os::advise_hugepage(base as *mut u8, size);
-        }
-        // SAFETY: the mapping is ours and stays until unmap, which unregisters first.
-        if let Err(e) = unsafe { cuda::register(base, size, self.device) } {
-            PINNED.fetch_sub(size, Ordering::Relaxed);
-            // SAFETY: never handed out.
-            unsafe { os::unmap(p, raw_size) };
-            return Err(e);
-        }
-        Ok(Chunk {
-            base,
-            size,
-            raw: base,
-            raw_size,
-            advised: false,
-        })
-    }
-    unsafe fn unmap(&self, chunk: &Chunk) {
-        // SAFETY: forwarded from the caller's contract; registered in `map`. In a fork()
-        // child the call is refused (the registration belongs to the parent) and the pages,
-        // the child's own copies, are simply unmapped.
-        let _ = unsafe { cuda::unregister(chunk.raw, self.device) };
-        if let Some(p) = NonNull::new(chunk.raw as *mut u8) {
-            // SAFETY: forwarded from the caller's contract.
-            unsafe { os::unmap(p, chunk.raw_size) };
-        }
-        PINNED.fetch_sub(chunk.size, Ordering::Relaxed);
-    }
-    fn fresh_is_zero(&self) -> bool {
-        true
-    }
-    /// Into the chunk's room (see `map`): the new pages are made usable and the whole range is
-    /// registered again (a copy may not span two registrations: the driver refuses it with
-    /// CUDA_ERROR_INVALID_VALUE, measured on the lent H100). Never moves.
-    unsafe fn grow(
-        &self,
-        chunk: &Chunk,
-        size: usize,
-        ready: &mut dyn FnMut(usize, usize) -> bool,
-    ) -> Option<Chunk> {
-        let room = chunk.raw + chunk.raw_size;
-        if chunk.raw != chunk.base || size <= chunk.size || chunk.base + size > room {
-            return None;
-        }
-        if !cuda::available() {
-            return None;
-        }
-        let delta = size - chunk.size;
-        let cap = PINNED_CAP.load(Ordering::Relaxed);
-        PINNED
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
-                p.checked_add(delta).filter(|&t| t <= cap)
-            })
-            .ok()?;
-        let ext = (chunk.base + chunk.size) as *mut u8;
-        let undo = || {
-            // SAFETY: the extension was made here and is used by nothing.
-            unsafe { os::decommit(ext, delta) };
-            PINNED.fetch_sub(delta, Ordering::Relaxed);
-        };
-        // Why realloc copies after all, for `ump_last_error()` (not an error: the caller copies).
-        let why = |what: &str| crate::error::set_last(&format!("realloc in place: {what}"));
-        if !ready(chunk.base, size) || !os::commit(ext, delta) {
-            why("no memory for the registry entries or the pages of the growth");
-            PINNED.fetch_sub(delta, Ordering::Relaxed);
-            return None;
-        }
-        if size >= HUGEPAGE_MIN {
-            os::advise_hugepage(chunk.base as *mut u8, size);
-        }
-        // SAFETY: the chunk was registered by `map` (or an earlier grow) at its base, and its
-        // one live block is not used by the device during a realloc (the caller's contract).
-        if let Err(e) = unsafe { cuda::unregister(chunk.base, self.device) } {
-            why(&e.msg);
-            undo();
-            return None;
-        }
-        // SAFETY: `[base, base+size)` is mapped and ours.
-        if let Err(e) = unsafe { cuda::register(chunk.base, size, self.device) } {
-            why(&e.msg);
-            // SAFETY: as above, the range it had before.
-            let _ = unsafe { cuda::register(chunk.base, chunk.size, self.device) };
-            undo();
-            return None;
-        }
-        Some(Chunk {
-            size,
-            advised: size >= HUGEPAGE_MIN,
-            ..*chunk
-        })
-    }
-}
-
-/// Address space reserved for a pinned chunk of its own, in multiples of its size, and at
-/// least: realloc grows the block in place up to this (address space only: neither memory nor
-/// pinned; with the 8x room alone, an array grown in 16 MiB steps to 1 GiB was copied once at
-/// 512 MiB on the lent H100).
-const GROW_ROOM: usize = 8;
-const GROW_ROOM_MIN: usize = 4 << 30;
 
 /// Plain device memory (mode `device`, GPU side): the "UMP off" baseline.
 pub struct DeviceBacking {

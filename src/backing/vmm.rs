@@ -426,9 +426,10 @@ impl Space {
 }
 
 /// Whether unmapping physical memory of `kind` may call the driver now (not in a `fork()`
-/// child, where every CUDA call is refused and the pieces simply stay in the books).
+/// child of a process that had loaded the driver, where every CUDA call is refused and the
+/// pieces simply stay in the books).
 fn cuda_usable(kind: Kind) -> bool {
-    kind != Kind::UMP_KIND_DEVICE || !crate::fork::is_fork_child()
+    kind != Kind::UMP_KIND_DEVICE || !crate::prim::cuda::fork_poisoned()
 }
 
 /// A lazily committed backing over a [`Space`]: chunks are address space; the pool commits

@@ -15,8 +15,9 @@ pub const UMP_MAX_DEVICES: usize = 16;
 
 const _: () = assert!(crate::stats::STATS_DEVICES == UMP_MAX_DEVICES);
 
-/// Version of `ump_capabilities` (2: each side's kind and reason).
-pub const UMP_CAPABILITIES_VERSION: u32 = 2;
+/// Version of `ump_capabilities` (2: each side's kind and reason; 3: what fork() does with the
+/// host side's memory).
+pub const UMP_CAPABILITIES_VERSION: u32 = 3;
 /// Version of `ump_identity`.
 pub const UMP_IDENTITY_VERSION: u32 = 1;
 
@@ -82,6 +83,11 @@ pub struct ump_capabilities {
     pub host_reason: [c_char; 256],
     /// Why the device side has that memory, NUL-terminated.
     pub device_reason: [c_char; 256],
+    /// The host side's pinned pages are shared with `fork()` children, not copied into them
+    /// (`UMP_ALLOC_PINNED_FORK=share` where the machine allows it).
+    pub fork_shared: bool,
+    /// What `fork()` does with the host side's memory, and what a child sees, NUL-terminated.
+    pub fork_rule: [c_char; 256],
 }
 
 /// The kind of memory a host side is made of.
@@ -363,7 +369,7 @@ pub extern "C" fn ump_block_alignment(size: usize) -> usize {
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_current_mode() -> ump_mode {
     guard("ump_current_mode", ump_mode::UMP_MODE_UNSET, || {
-        allocator::get().map_or(ump_mode::UMP_MODE_UNSET, |a| a.mode.to_c())
+        allocator::get().map_or(ump_mode::UMP_MODE_UNSET, |a| a.mode().to_c())
     })
 }
 
@@ -446,7 +452,7 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
             Some(a) => {
                 c.mode_fixed = true;
                 c.alignment = a.alignment;
-                Ok(a.selection.clone())
+                Ok(a.gpu().selection.clone())
             }
             None => allocator::env_config().and_then(|cfg| {
                 c.alignment = cfg.alignment;
@@ -463,6 +469,25 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
                 copy_cstr(&mut c.device_reason, &sel.device_reason);
             }
             Err(e) => copy_cstr(&mut c.mode_reason, &e.msg),
+        }
+        let fork = match allocator::get() {
+            Some(a) => Some(a.host().fork_rule()),
+            None => allocator::env_config().ok().and_then(|cfg| {
+                let side = caps
+                    .select_sides(cfg.mode, cfg.host_side, cfg.device_side)
+                    .ok()?
+                    .sides
+                    .host;
+                let share = match cfg.pinned_fork {
+                    crate::config::PinnedFork::Share => crate::backing::shared::available(),
+                    crate::config::PinnedFork::Copy => Err("UMP_ALLOC_PINNED_FORK=copy".into()),
+                };
+                Some(crate::host::fork_rule(side, &share))
+            }),
+        };
+        if let Some((shared, rule)) = fork {
+            c.fork_shared = shared;
+            copy_cstr(&mut c.fork_rule, &rule);
         }
         for (slot, d) in c.devices.iter_mut().zip(caps.devices.iter()) {
             slot.ordinal = d.ordinal;
@@ -522,6 +547,18 @@ pub(crate) fn identify(ptr: usize) -> ump_identity {
         id.device_accessible = allocator::caps().pageable_everywhere();
     }
     id
+}
+
+/// 1 when `ptr` is the start of a live block of ump-alloc's (from any of its allocation
+/// functions), else 0 (NULL, foreign memory, a freed block, an address inside a block). A
+/// registry lookup: lock-free, and it never asks the CUDA driver (`ump_identify` may, to say
+/// who can reach the memory), so a program on plain host memory can ask it without loading
+/// the driver.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_owns(ptr: *const c_void) -> c_int {
+    guard("ump_owns", 0, || {
+        c_int::from(pool::lookup(ptr as usize).is_some_and(|info| info.base == ptr as usize))
+    })
 }
 
 /// Tell what `ptr` is: whether it lies in a live block of ours (any address inside the block,
@@ -695,7 +732,10 @@ pub extern "C" fn ump_stream_retire(device: c_int, stream: *mut c_void) -> c_int
             }
             return Ok(());
         }
-        if usize::try_from(device).map_or(true, |d| d >= a.caps.devices.len()) {
+        let Some(gpu) = a.gpu_if_chosen() else {
+            return Ok(()); // no device side yet: no stream was used
+        };
+        if usize::try_from(device).map_or(true, |d| d >= gpu.caps.devices.len()) {
             return Err(Error::invalid(format!("no CUDA device {device}")));
         }
         if let Some(g) = a.device_groups().into_iter().find(|g| g.device() == device) {

@@ -30,7 +30,9 @@ impl Pool {
         let len = sp.len();
         let want = n.next_multiple_of(GRANULE);
         let at = if want <= len {
-            if !(sp.is_whole_chunk() && self.shrink_chunk(&mut lg, sp, want)) {
+            if sp.born.load(Ordering::Relaxed) < crate::backing::shared::live_max() {
+                // A fork child may read the whole block: its tail is not given back.
+            } else if !(sp.is_whole_chunk() && self.shrink_chunk(&mut lg, sp, want)) {
                 self.shrink_span(&mut lg, sp, want);
             }
             Some(base)

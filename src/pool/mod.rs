@@ -37,6 +37,7 @@ mod chunk;
 mod class;
 mod commit;
 mod grow;
+mod hold;
 mod residency;
 mod slab;
 mod span;
@@ -183,6 +184,9 @@ pub struct Pool {
     page: Option<usize>,
     /// Lazily committed pools: milliseconds since `EPOCH` when free spans are next looked at.
     purge_due: AtomicU64,
+    /// Freed blocks a fork child may still read are held back (pages shared with fork
+    /// children: see `hold`).
+    fork_hold: std::sync::atomic::AtomicBool,
 }
 
 /// The clock `decay_due` counts from.
@@ -314,6 +318,7 @@ impl Pool {
             .collect();
         let hot = (0..table.len()).map(|_| AtomicUsize::new(0)).collect();
         let page = backing.commit_page();
+        let fork_hold = std::sync::atomic::AtomicBool::new(backing.fork_shared());
         Box::leak(Box::new(Pool {
             kind: backing.kind(),
             device: backing.device(),
@@ -334,6 +339,7 @@ impl Pool {
             decay_due: AtomicU64::new(0),
             page,
             purge_due: AtomicU64::new(0),
+            fork_hold,
         }))
     }
 
@@ -487,6 +493,7 @@ impl Pool {
     /// backing meanwhile.
     pub fn trim(&'static self) -> usize {
         let before = self.unmapped.load(Ordering::Relaxed);
+        self.release_held(true);
         if self.is_stream_ordered() {
             self.drain_hot();
         } else {

@@ -18,7 +18,7 @@
 
 use super::tcache::{self, Slot};
 use super::*;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// Descriptor of a slab: a span cut into equal slots of one class.
 pub struct Slab {
@@ -34,6 +34,9 @@ pub struct Slab {
     magic: u64,
     /// Per slot: requested bytes + 1 while handed out, 0 otherwise.
     words: Box<[AtomicU32]>,
+    /// The fork generation of its blocks (renewed when it is taken from with no slot out):
+    /// see `hold`.
+    pub(super) born: AtomicU64,
 }
 
 impl Slab {
@@ -129,6 +132,8 @@ pub(crate) struct ClassState {
     spare: Vec<usize>,
     /// Free slots in slabs in use (partial and empty).
     free: usize,
+    /// Freed slots held back for fork children (still out of their slabs): see `hold`.
+    pub(super) held: Vec<Slot>,
 }
 
 impl ClassState {
@@ -249,7 +254,15 @@ impl Pool {
         } else {
             None
         };
-        let (slab, idx) = match hot.or_else(|| tcache::pop(self, ci, n)) {
+        // An explicit branch rather than `hot.or_else(|| tcache::pop(..))`: LLVM stopped
+        // inlining that closure's `or_else` into this function after unrelated changes in the
+        // crate, which cost about 30 instructions per allocation.
+        let cached = if hot.is_some() {
+            hot
+        } else {
+            tcache::pop(self, ci, n)
+        };
+        let (slab, idx) = match cached {
             Some(x) if hot.is_some() => {
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 self.stats.allocs.fetch_add(1, Ordering::Relaxed);
@@ -340,6 +353,7 @@ impl Pool {
                     span: AtomicUsize::new(0),
                     magic: (u64::MAX / slot as u64) + 1,
                     words: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
+                    born: AtomicU64::new(super::hold::NEVER),
                 }));
                 st.slabs.push(SlabState {
                     desc,
@@ -353,6 +367,7 @@ impl Pool {
         };
         let desc = st.slabs[id].desc;
         let start = span.start();
+        desc.born.store(self.birth_gen(), Ordering::Relaxed);
         desc.base.store(start, Ordering::Release);
         desc.span
             .store(span as *const Span as usize, Ordering::Release);
@@ -386,6 +401,11 @@ impl Pool {
             return Err(double_free(ptr));
         }
         let n = w as usize - 1;
+        let live = crate::backing::shared::live_max();
+        if live != 0 && s.born.load(Ordering::Relaxed) < live {
+            // A fork child may still read it.
+            return self.hold_slot(s, idx as u32, n);
+        }
         if self.is_stream_ordered() && self.put_hot(s.class, s, idx as u32) {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             self.stats.sub_in_use(n);
@@ -445,8 +465,13 @@ impl Pool {
     pub(super) fn return_slots(&'static self, ci: usize, slots: impl IntoIterator<Item = Slot>) {
         let mut st = lock(&self.classes[ci]);
         for (slab, idx) in slots {
-            if st.give(slab.id, idx) && !self.keep_empty(&mut st, slab) {
-                self.release_slab(&mut st, slab.id);
+            if st.give(slab.id, idx) {
+                // No block of it is out: blocks it hands out from now on are of this
+                // generation or later (see `hold`).
+                slab.born.store(self.birth_gen(), Ordering::Relaxed);
+                if !self.keep_empty(&mut st, slab) {
+                    self.release_slab(&mut st, slab.id);
+                }
             }
         }
     }

@@ -20,6 +20,8 @@ pub(super) const SPAN_SLAB: u8 = 2;
 pub(super) const SPAN_CACHED: u8 = 3;
 /// Being handed out while its pages are committed (neither free nor a live block yet).
 const SPAN_TAKING: u8 = 4;
+/// Freed, but held back while a fork child may still read it (see `hold`).
+pub(super) const SPAN_HELD: u8 = 5;
 
 /// Freed spans kept whole for reuse by a request of exactly their length (PyTorch's and
 /// CuPy's common case: the same shapes every iteration). Bounded; the oldest is merged into
@@ -46,6 +48,8 @@ pub struct Span {
     pub(super) free_epoch: AtomicU64,
     /// Managed memory: its pages may be away from the pool's device (see `residency`).
     pub(super) away: AtomicBool,
+    /// Used spans: the fork generation the block was allocated in (see `hold`).
+    pub(super) born: AtomicU64,
 }
 
 impl Span {
@@ -131,6 +135,8 @@ pub(crate) struct Large {
     /// Managed stream pools: freed blocks to discard, in one batch (see `residency`).
     pub(super) discards: Vec<(usize, usize)>,
     pub(super) discard_bytes: usize,
+    /// Freed blocks held back for fork children, in state HELD (see `hold`).
+    pub(super) held: Vec<&'static Span>,
 }
 
 impl Large {
@@ -187,7 +193,8 @@ impl Pool {
     pub(super) fn alloc_large(&'static self, n: usize) -> Result<Alloc> {
         let len = n.next_multiple_of(GRANULE);
         let span = self.take_span_for(len, SPAN_USED, n)?;
-        let zeroed = !span.dirty.swap(true, Ordering::Relaxed);
+        // Never written, and its backing's fresh pages still read as zero here.
+        let zeroed = !span.dirty.swap(true, Ordering::Relaxed) && self.backing.fresh_is_zero();
         Ok(Alloc {
             ptr: span.start(),
             zeroed,
@@ -260,8 +267,10 @@ impl Pool {
                     "{ptr:#x} points inside the block at {start:#x}, not at its start"
                 )));
             }
-            SPAN_FREE | SPAN_CACHED if ptr % GRANULE == 0 => return Err(double_free(ptr)),
-            SPAN_FREE | SPAN_CACHED => {
+            SPAN_FREE | SPAN_CACHED | SPAN_HELD if ptr % GRANULE == 0 => {
+                return Err(double_free(ptr));
+            }
+            SPAN_FREE | SPAN_CACHED | SPAN_HELD => {
                 return Err(Error::not_ours(format!(
                     "{ptr:#x} points into freed memory, not at the start of a block"
                 )));
@@ -269,7 +278,20 @@ impl Pool {
             _ => return Err(Error::not_ours(format!("{ptr:#x} is not a live block"))),
         }
         let n = sp.req.load(Ordering::Relaxed);
-        self.discard_on_free(&mut lg, sp);
+        if sp.born.load(Ordering::Relaxed) < crate::backing::shared::live_max() {
+            // A fork child may still read it.
+            self.hold_span(&mut lg, sp);
+        } else {
+            self.put_back(&mut lg, sp);
+        }
+        Ok(n)
+    }
+
+    /// Make used (or held) span `sp` free memory of the pool again: the free set or the
+    /// exact-size list, within the pool's `retain`.
+    pub(super) fn put_back(&'static self, lg: &mut Large, sp: &'static Span) {
+        let len = sp.len();
+        self.discard_on_free(lg, sp);
         if self.lazy() {
             lg.lazy.used -= len;
             sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
@@ -285,21 +307,20 @@ impl Pool {
             // requests of other sizes commit fresh pages while the holes stay mapped: the
             // fragmentation that pool exists to avoid).
             sp.state.store(SPAN_FREE, Ordering::Release);
-            self.insert_free(&mut lg, sp);
+            self.insert_free(lg, sp);
         } else {
             sp.state.store(SPAN_CACHED, Ordering::Release);
             lg.quick.push_back(sp);
             lg.quick_bytes += len;
             while lg.quick.len() > QUICK_MAX || lg.quick_bytes > QUICK_MAX_BYTES {
                 let old = lg.quick.pop_front().expect("non-empty");
-                self.uncache(&mut lg, old);
+                self.uncache(lg, old);
             }
         }
-        self.enforce_retain(&mut lg);
+        self.enforce_retain(lg);
         if self.lazy() {
-            self.purge_if_due(&mut lg);
+            self.purge_if_due(lg);
         }
-        Ok(n)
     }
 
     /// Move a span from the exact-size list into the free set (merging it).
@@ -353,6 +374,7 @@ impl Pool {
         req: usize,
     ) -> Result<&'static Span> {
         self.decay_if_due();
+        self.release_held_if_due();
         let chunk_len = self.backing.chunk_len(len);
         let mut retried = false;
         loop {
@@ -494,6 +516,9 @@ impl Pool {
         }
         self.residency_on_take(lg, taken);
         taken.req.store(req, Ordering::Relaxed);
+        if state == SPAN_USED {
+            taken.born.store(self.birth_gen(), Ordering::Relaxed);
+        }
         if state == SPAN_SLAB {
             // Its slots will be written: once the slab goes back, the span is not clean.
             taken.dirty.store(true, Ordering::Relaxed);
@@ -533,6 +558,7 @@ impl Pool {
                 dirty: AtomicBool::new(false),
                 free_epoch: AtomicU64::new(0),
                 away: AtomicBool::new(false),
+                born: AtomicU64::new(super::hold::NEVER),
             }))
         });
         sp.state.store(SPAN_FREE, Ordering::Release);

@@ -1,11 +1,12 @@
-//! Primitives: every call into the operating system (`os`), the dynamic loader's view of a
-//! loaded library (`elf`: its import slots), the CUDA driver (`cuda`), the Python and CuPy C
-//! APIs (`python`), NumPy's allocator functions (`numpy`) and PyTorch's C++ library (`torch`)
-//! lives here, the way mimalloc keeps its OS layer in `src/prim/`. The rest of the crate is
-//! policy.
+//! Primitives: every call into the operating system (`os`; memory files and their locks:
+//! `file`), the dynamic loader's view of a loaded library (`elf`: its import slots), the CUDA
+//! driver (`cuda`), the Python and CuPy C APIs (`python`), NumPy's allocator functions
+//! (`numpy`) and PyTorch's C++ library (`torch`) lives here, the way mimalloc keeps its OS
+//! layer in `src/prim/`. The rest of the crate is policy.
 
 pub mod cuda;
 pub mod elf;
+pub mod file;
 pub mod numpy;
 pub mod os;
 pub mod python;

@@ -133,6 +133,12 @@ pub fn advise_hugepage(ptr: *mut u8, size: usize) {
     advise(ptr, size, libc::MADV_HUGEPAGE);
 }
 
+/// Keep a range out of `fork()` children: the child gets no mapping there (a hole), and fork
+/// copies neither its pages nor its page tables. Only whole pages inside the range.
+pub fn advise_dontfork(ptr: *mut u8, size: usize) -> bool {
+    advise(ptr, size, libc::MADV_DONTFORK)
+}
+
 /// Drop the contents of a range: the next touch sees zero-filled pages.
 /// Only whole pages inside the range are dropped.
 pub fn discard(ptr: *mut u8, size: usize) -> bool {

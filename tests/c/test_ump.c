@@ -688,6 +688,15 @@ static void test_identify(void) {
         check_ours(b, n, b, "start");
         check_ours(b, n, b + n / 2, "middle");
         check_ours(b, n, b + n - 1, "last byte");
+        CHECK(ump_owns(b) == 1, "ump_owns(start of a live %zu-byte block) = 0", n);
+        CHECK(ump_owns(b + n / 2 + 1) == 0, "ump_owns(inside a %zu-byte block) = 1", n);
+    }
+    {
+        int local = 0;
+        void *foreign = malloc(64);
+        CHECK(ump_owns(NULL) == 0 && ump_owns(&local) == 0 && ump_owns(foreign) == 0,
+              "ump_owns of NULL, the stack or malloc memory is 1");
+        free(foreign);
     }
     for (i = 0; i < N; i++) {
         if (!blocks[i]) continue;
@@ -697,6 +706,7 @@ static void test_identify(void) {
               "ump_identify(freed %zu-byte block): ours true", sizes[i]);
         CHECK(identify(blocks[i] + sizes[i] / 2, &id) == UMP_OK && id.ours == false,
               "ump_identify(middle of freed %zu-byte block): ours true", sizes[i]);
+        CHECK(ump_owns(blocks[i]) == 0, "ump_owns(freed %zu-byte block) = 1", sizes[i]);
     }
     /* Foreign host memory. */
     {

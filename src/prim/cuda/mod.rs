@@ -91,7 +91,6 @@ driver_table! {
     cuDevicePrimaryCtxRetain: fn(*mut CUcontext, CUdevice);
     cuCtxPushCurrent_v2: fn(CUcontext);
     cuCtxPopCurrent_v2: fn(*mut CUcontext);
-    cuCtxGetDevice: fn(*mut CUdevice);
     cuMemAlloc_v2: fn(*mut CUdeviceptr, usize);
     cuMemAllocManaged: fn(*mut CUdeviceptr, usize, c_uint);
     cuMemFree_v2: fn(CUdeviceptr);
@@ -111,6 +110,7 @@ driver_table! {
     cuStreamCreate: fn(*mut CUstream, c_uint);
     ;
     optional:
+    cuCtxGetDevice: fn(*mut CUdevice);
     cuMemPrefetchAsync_v2: fn(CUdeviceptr, usize, CUmemLocation, c_uint, CUstream);
     cuMemAdvise_v2: fn(CUdeviceptr, usize, CUmem_advise, CUmemLocation);
     // Virtual memory management (CUDA 10.2+).
@@ -181,13 +181,23 @@ fn open_driver() -> std::result::Result<Driver, String> {
     }
 }
 
-/// Set in a `fork()` child: CUDA state does not survive fork (a child touching managed memory
-/// dies, and driver calls fail), so no call reaches the driver there.
+/// Set in a `fork()` child of a process that had loaded the driver: CUDA state does not
+/// survive fork (a child touching managed memory dies, and driver calls fail), so no call
+/// reaches the driver there. A child of a process that never loaded it may, as a new process
+/// would.
 static FORK_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// In a `fork()` child: refuse every CUDA call from now on.
+/// In a `fork()` child: if the parent had loaded the driver, refuse every CUDA call from now on.
 pub(crate) fn after_fork_child() {
-    FORK_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
+    if DRIVER.get().is_some_and(|d| d.is_ok()) {
+        FORK_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Whether this is a `fork()` child of a process that had loaded the CUDA driver (CUDA is
+/// unusable here).
+pub fn fork_poisoned() -> bool {
+    FORK_CHILD.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn driver() -> Result<&'static Driver> {
@@ -575,10 +585,10 @@ pub fn mem_info(device: i32) -> Result<(usize, usize)> {
 /// The device of the context current on this thread (the one the CUDA runtime made current
 /// for `cudaSetDevice`), or None when no context is current.
 pub fn current_device() -> Option<i32> {
-    let d = driver().ok()?;
+    let get = driver().ok()?.cuCtxGetDevice?;
     let mut dev: CUdevice = 0;
     // SAFETY: valid out-pointer; with no current context the driver returns an error code.
-    (unsafe { (d.cuCtxGetDevice)(&mut dev) } == CUDA_SUCCESS).then_some(dev)
+    (unsafe { get(&mut dev) } == CUDA_SUCCESS).then_some(dev)
 }
 
 /// Wait for all work queued on every stream of `device`'s primary context (the last resort

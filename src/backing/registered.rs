@@ -1,0 +1,284 @@
+//! Pinned host memory: host pages registered with CUDA (cuMemHostRegister, portable and mapped)
+//! at the same address on every device, and the process-wide cap on it.
+
+use super::{Backing, Chunk, HUGEPAGE_MIN, Kind};
+use crate::error::{Error, Result};
+use crate::prim::{cuda, os};
+use crate::registry::GRANULE;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Bytes of host memory pinned by every [`RegisteredBacking`] of the process.
+static PINNED: AtomicUsize = AtomicUsize::new(0);
+/// The cap on [`PINNED`] (`UMP_ALLOC_PINNED_LIMIT`), set once at initialisation.
+static PINNED_CAP: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Set the cap on pinned host memory (at initialisation).
+pub fn set_pinned_cap(bytes: usize) {
+    PINNED_CAP.store(bytes, Ordering::Relaxed);
+}
+
+/// Bytes of host memory pinned now, and the cap.
+pub fn pinned() -> (usize, usize) {
+    (
+        PINNED.load(Ordering::Relaxed),
+        PINNED_CAP.load(Ordering::Relaxed),
+    )
+}
+
+/// Pinned host memory: host pages registered with CUDA (cuMemHostRegister, portable and
+/// mapped), at the same address on every device: NumPy's side without HMM/ATS (host side
+/// `pinned`), and both sides of mode `registered`. Registering costs about 25 ms per GiB plus
+/// populating the pages, so chunks are cached above (the host pool keeps idle pinned chunks
+/// for a while: see `Pool`'s decay). Every chunk counts against the process's pinned cap;
+/// past it, and in a `fork()` child (no CUDA there), `map` refuses with `UMP_ERR_UNSUPPORTED`
+/// and the host side falls back to plain memory.
+///
+/// The pages are anonymous memory, which `fork()` copies into every child at once (the kernel
+/// copies pinned pages early), or pages of the process's shared memory file, which it does not
+/// copy (see `shared`): the host side's default (`UMP_ALLOC_PINNED_FORK=share`).
+pub struct RegisteredBacking {
+    device: i32,
+    /// The pages are shared-file pages (`shared`), else anonymous.
+    shared: bool,
+    /// Register the pages with CUDA (false only in tests on machines without a GPU: everything
+    /// else is the same).
+    register: bool,
+}
+
+impl RegisteredBacking {
+    /// Anonymous pinned pages for `device` (-1: the host side).
+    pub fn new(device: i32) -> Self {
+        RegisteredBacking {
+            device,
+            shared: false,
+            register: true,
+        }
+    }
+
+    /// The host side's pinned pages: shared-file pages when `share` and the machine allows
+    /// it, else anonymous ones, with the reason.
+    pub fn host(share: bool) -> (Self, std::result::Result<(), String>) {
+        let why = if share {
+            super::shared::available()
+        } else {
+            Err("UMP_ALLOC_PINNED_FORK=copy".into())
+        };
+        let b = RegisteredBacking {
+            device: -1,
+            shared: why.is_ok(),
+            register: true,
+        };
+        (b, why)
+    }
+
+    /// Host-side pages as [`host`](Self::host) makes them, without the CUDA registration: the
+    /// whole mechanism but the pinning, for tests on machines without a GPU.
+    pub fn unregistered(shared: bool) -> Self {
+        RegisteredBacking {
+            device: -1,
+            shared: shared && super::shared::available().is_ok(),
+            register: false,
+        }
+    }
+
+    /// Whether the pages are shared-file pages, which fork() does not copy.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// Make `[base, base+size)` of a reservation usable.
+    fn commit(&self, base: usize, size: usize) -> Result<()> {
+        if self.shared {
+            return super::shared::map(base, size);
+        }
+        if os::commit(base as *mut u8, size) {
+            Ok(())
+        } else {
+            Err(Error::oom(format!(
+                "the OS refused a mapping of {size} bytes"
+            )))
+        }
+    }
+}
+
+impl Backing for RegisteredBacking {
+    fn kind(&self) -> Kind {
+        Kind::UMP_KIND_REGISTERED
+    }
+    fn device(&self) -> i32 {
+        self.device
+    }
+    fn fork_shared(&self) -> bool {
+        self.shared
+    }
+    fn map(&self, size: usize) -> Result<Chunk> {
+        if self.register && !cuda::available() {
+            return Err(Error::unsupported(
+                "pinned host memory needs CUDA (not available here, e.g. in a fork() child)",
+            ));
+        }
+        let cap = PINNED_CAP.load(Ordering::Relaxed);
+        if PINNED
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                p.checked_add(size).filter(|&t| t <= cap)
+            })
+            .is_err()
+        {
+            return Err(Error::unsupported(format!(
+                "the cap on pinned host memory ({} MiB, UMP_ALLOC_PINNED_LIMIT) is reached",
+                cap >> 20
+            )));
+        }
+        // A chunk of its own (a large block) sits at the start of a reservation with room to
+        // grow in place (realloc): the room is address space only, neither memory nor pinned.
+        let raw_size = if size >= crate::pool::ARENA / 2 {
+            size.saturating_mul(GROW_ROOM).max(GROW_ROOM_MIN)
+        } else {
+            size
+        };
+        let Some(p) = os::reserve(raw_size, GRANULE) else {
+            PINNED.fetch_sub(size, Ordering::Relaxed);
+            return Err(Error::oom(format!(
+                "the OS refused a reservation of {raw_size} bytes"
+            )));
+        };
+        let base = p.as_ptr() as usize;
+        if let Err(e) = self.commit(base, size) {
+            PINNED.fetch_sub(size, Ordering::Relaxed);
+            // SAFETY: the reservation just made, unused.
+            unsafe { os::unmap(p, raw_size) };
+            return Err(e);
+        }
+        // Huge pages before the pages are populated (registering populates them).
+        if size >= HUGEPAGE_MIN {
+            os::advise_hugepage(base as *mut u8, size);
+        }
+        // SAFETY: the mapping is ours and stays until unmap, which unregisters first.
+        if self.register
+            && let Err(e) = unsafe { cuda::register(base, size, self.device) }
+        {
+            PINNED.fetch_sub(size, Ordering::Relaxed);
+            // SAFETY: never handed out.
+            unsafe { os::unmap(p, raw_size) };
+            if self.shared {
+                super::shared::forget(base, size);
+            }
+            return Err(e);
+        }
+        Ok(Chunk {
+            base,
+            size,
+            raw: base,
+            raw_size,
+            advised: false,
+        })
+    }
+    unsafe fn unmap(&self, chunk: &Chunk) {
+        // SAFETY: forwarded from the caller's contract; registered in `map`. In a fork()
+        // child the call is refused (the registration belongs to the parent) and the pages,
+        // the child's own copies, are simply unmapped.
+        if self.register {
+            let _ = unsafe { cuda::unregister(chunk.raw, self.device) };
+        }
+        if let Some(p) = NonNull::new(chunk.raw as *mut u8) {
+            // SAFETY: forwarded from the caller's contract.
+            unsafe { os::unmap(p, chunk.raw_size) };
+        }
+        if self.shared {
+            super::shared::forget(chunk.base, chunk.size);
+        }
+        PINNED.fetch_sub(chunk.size, Ordering::Relaxed);
+    }
+    /// Fresh pages read as zero; in a fork child, shared pages free at the fork show whatever
+    /// the parent writes there later, until the child writes them itself.
+    fn fresh_is_zero(&self) -> bool {
+        !self.shared || super::shared::owner()
+    }
+    /// Into the chunk's room (see `map`): the new pages are made usable and the whole range is
+    /// registered again (a copy may not span two registrations: the driver refuses it with
+    /// CUDA_ERROR_INVALID_VALUE, measured on the lent H100). Never moves.
+    unsafe fn grow(
+        &self,
+        chunk: &Chunk,
+        size: usize,
+        ready: &mut dyn FnMut(usize, usize) -> bool,
+    ) -> Option<Chunk> {
+        let room = chunk.raw + chunk.raw_size;
+        if chunk.raw != chunk.base || size <= chunk.size || chunk.base + size > room {
+            return None;
+        }
+        if self.register && !cuda::available() {
+            return None;
+        }
+        let delta = size - chunk.size;
+        let cap = PINNED_CAP.load(Ordering::Relaxed);
+        PINNED
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
+                p.checked_add(delta).filter(|&t| t <= cap)
+            })
+            .ok()?;
+        let ext = (chunk.base + chunk.size) as *mut u8;
+        let undo = || {
+            if self.shared {
+                // SAFETY: the extension was made here and is used by nothing.
+                unsafe { super::shared::retract(chunk.base, chunk.size, size) };
+            } else {
+                // SAFETY: as above.
+                unsafe { os::decommit(ext, delta) };
+            }
+            PINNED.fetch_sub(delta, Ordering::Relaxed);
+        };
+        let made = |ext: *mut u8| {
+            if self.shared {
+                super::shared::extend(chunk.base, chunk.size, size)
+            } else {
+                os::commit(ext, delta)
+            }
+        };
+        // Why realloc copies after all, for `ump_last_error()` (not an error: the caller copies).
+        let why = |what: &str| crate::error::set_last(&format!("realloc in place: {what}"));
+        if !ready(chunk.base, size) || !made(ext) {
+            why("no memory for the registry entries or the pages of the growth");
+            PINNED.fetch_sub(delta, Ordering::Relaxed);
+            return None;
+        }
+        if size >= HUGEPAGE_MIN {
+            os::advise_hugepage(chunk.base as *mut u8, size);
+        }
+        if !self.register {
+            return Some(Chunk {
+                size,
+                advised: size >= HUGEPAGE_MIN,
+                ..*chunk
+            });
+        }
+        // SAFETY: the chunk was registered by `map` (or an earlier grow) at its base, and its
+        // one live block is not used by the device during a realloc (the caller's contract).
+        if let Err(e) = unsafe { cuda::unregister(chunk.base, self.device) } {
+            why(&e.msg);
+            undo();
+            return None;
+        }
+        // SAFETY: `[base, base+size)` is mapped and ours.
+        if let Err(e) = unsafe { cuda::register(chunk.base, size, self.device) } {
+            why(&e.msg);
+            // SAFETY: as above, the range it had before.
+            let _ = unsafe { cuda::register(chunk.base, chunk.size, self.device) };
+            undo();
+            return None;
+        }
+        Some(Chunk {
+            size,
+            advised: size >= HUGEPAGE_MIN,
+            ..*chunk
+        })
+    }
+}
+
+/// Address space reserved for a pinned chunk of its own, in multiples of its size, and at
+/// least: realloc grows the block in place up to this (address space only: neither memory nor
+/// pinned; with the 8x room alone, an array grown in 16 MiB steps to 1 GiB was copied once at
+/// 512 MiB on the lent H100).
+const GROW_ROOM: usize = 8;
+const GROW_ROOM_MIN: usize = 4 << 30;

@@ -1,0 +1,451 @@
+//! fork() and the pinned host side's shared pages (issue 20), on a machine without a GPU: the
+//! host side's backing with everything but the CUDA registration
+//! (`RegisteredBacking::unregistered`), so that the shared memory file, the private remap in
+//! the child, the children's locks and the blocks held back for them all run here.
+//!
+//! Each test forks real children. The tests share the process-wide file and fork
+//! generations, so they run one at a time; a child never unwinds (it reports through its exit
+//! status or a pipe and leaves with `_exit`).
+
+use std::sync::{Mutex, MutexGuard};
+use ump_alloc::backing::{Kind, RegisteredBacking, shared};
+use ump_alloc::config::Config;
+use ump_alloc::host::HostPools;
+use ump_alloc::mode::HostSide;
+use ump_alloc::pool::{self, Pool};
+
+const MIB: usize = 1 << 20;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A pinned host side over shared pages (or anonymous ones: `shared == false`), unregistered.
+fn host(shared_pages: bool) -> HostPools {
+    let b = RegisteredBacking::unregistered(shared_pages);
+    assert_eq!(
+        b.is_shared(),
+        shared_pages,
+        "shared pages: {:?}",
+        shared::available()
+    );
+    let config = Config {
+        host_retain: 0,
+        ..Config::default()
+    };
+    HostPools::with_backing(HostSide::Pinned, Box::new(b), 0, &config)
+}
+
+fn fill(p: usize, n: usize, seed: u64) {
+    // SAFETY: a live host block of at least n bytes.
+    let s = unsafe { std::slice::from_raw_parts_mut(p as *mut u64, n / 8) };
+    for (i, w) in s.iter_mut().enumerate() {
+        *w = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed;
+    }
+}
+
+fn holds(p: usize, n: usize, seed: u64) -> bool {
+    // SAFETY: a host block of at least n bytes, mapped in this process.
+    let s = unsafe { std::slice::from_raw_parts(p as *const u64, n / 8) };
+    s.iter()
+        .enumerate()
+        .all(|(i, &w)| w == (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed)
+}
+
+fn private_dirty_mib() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("Private_Dirty:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::MAX, |kib| kib / 1024.0)
+}
+
+struct Pipe {
+    r: i32,
+    w: i32,
+}
+
+impl Pipe {
+    fn new() -> Pipe {
+        let mut fds = [0; 2];
+        // SAFETY: a valid out-array of two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        Pipe {
+            r: fds[0],
+            w: fds[1],
+        }
+    }
+    fn send(&self, b: u8) {
+        // SAFETY: one byte from a valid buffer.
+        assert_eq!(
+            unsafe { libc::write(self.w, (&b as *const u8).cast(), 1) },
+            1
+        );
+    }
+    /// The next byte, or None at end of file (every writer gone) or after 30 s.
+    fn recv(&self) -> Option<u8> {
+        let mut pfd = libc::pollfd {
+            fd: self.r,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 30_000) } != 1 {
+            return None;
+        }
+        let mut b = 0u8;
+        // SAFETY: one byte into a valid buffer.
+        (unsafe { libc::read(self.r, (&mut b as *mut u8).cast(), 1) } == 1).then_some(b)
+    }
+    fn close_write(&self) {
+        // SAFETY: our descriptor.
+        unsafe { libc::close(self.w) };
+    }
+}
+
+impl Drop for Pipe {
+    fn drop(&mut self) {
+        // SAFETY: our descriptors (closing a closed one only returns an error).
+        unsafe {
+            libc::close(self.r);
+            libc::close(self.w);
+        }
+    }
+}
+
+/// Fork; the child runs `f` and leaves with status 0 when it returns true (1 when false, 2
+/// when it panics). Returns the child's pid.
+fn fork_child(f: impl FnOnce() -> bool) -> libc::pid_t {
+    // SAFETY: the child runs `f` and `_exit`s; it never returns into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let code = match ok {
+            Ok(true) => 0,
+            Ok(false) => 1,
+            Err(_) => 2,
+        };
+        // SAFETY: leaves the child without running the harness's exit path.
+        unsafe { libc::_exit(code) };
+    }
+    pid
+}
+
+fn wait(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        128 + libc::WTERMSIG(status)
+    }
+}
+
+fn open_descriptors() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+fn held(p: &Pool) -> (usize, usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (
+        p.stats.fork_held.load(Relaxed),
+        p.stats.fork_held_blocks.load(Relaxed),
+    )
+}
+
+/// Free everything, trim, and check that the file gave its memory back.
+fn finish(h: &HostPools, blocks: &[usize]) {
+    for &b in blocks {
+        pool::free_block(b).unwrap();
+    }
+    h.primary().release_held(true);
+    assert_eq!(
+        held(h.primary()),
+        (0, 0),
+        "nothing held once no child lives"
+    );
+    h.trim();
+    assert_eq!(h.primary().report().mapped, 0, "every chunk went back");
+    assert_eq!(
+        shared::file_bytes(),
+        Some(0),
+        "the shared file keeps no memory once its chunks are gone"
+    );
+}
+
+#[test]
+fn a_child_reads_the_parents_arrays_and_its_writes_stay_private() {
+    let _s = serial();
+    let h = host(true);
+    let big = h.alloc(40 * MIB).unwrap().ptr; // a chunk of its own
+    let mid = h.alloc(3 * MIB).unwrap().ptr; // in an arena
+    let small: Vec<usize> = (0..200).map(|_| h.alloc(1000).unwrap().ptr).collect();
+    fill(big, 40 * MIB, 1);
+    fill(mid, 3 * MIB, 2);
+    for (i, &p) in small.iter().enumerate() {
+        fill(p, 1000, 100 + i as u64);
+    }
+    assert_eq!(
+        pool::lookup(big).unwrap().pool.kind(),
+        Kind::UMP_KIND_REGISTERED
+    );
+    assert!(shared::file_bytes().unwrap() >= 43 * MIB as u64);
+    let fds = open_descriptors();
+    let child = fork_child(|| {
+        let ok = holds(big, 40 * MIB, 1)
+            && holds(mid, 3 * MIB, 2)
+            && small
+                .iter()
+                .enumerate()
+                .all(|(i, &p)| holds(p, 1000, 100 + i as u64));
+        // Reading copied nothing: the pages are the parent's file pages.
+        let dirty_after_reads = private_dirty_mib();
+        fill(big, 40 * MIB, 7);
+        fill(small[3], 1000, 7);
+        ok && dirty_after_reads < 16.0 && holds(big, 40 * MIB, 7) && private_dirty_mib() >= 40.0
+    });
+    assert_eq!(
+        wait(child),
+        0,
+        "the child read wrong data or its writes were not its own"
+    );
+    assert_eq!(
+        open_descriptors(),
+        fds,
+        "the child's lock left a descriptor open in the parent"
+    );
+    assert!(
+        holds(big, 40 * MIB, 1),
+        "the child's writes reached the parent"
+    );
+    assert!(holds(small[3], 1000, 103));
+    let mut all = small;
+    all.extend([big, mid]);
+    finish(&h, &all);
+}
+
+#[test]
+fn a_block_freed_while_a_child_may_read_it_is_held_back_then_given_back() {
+    let _s = serial();
+    let h = host(true);
+    let p = h.primary();
+    let keep = h.alloc(1000).unwrap().ptr; // keeps the small blocks' arena mapped
+    let big = h.alloc(8 * MIB).unwrap().ptr;
+    let small: Vec<usize> = (0..64).map(|_| h.alloc(2000).unwrap().ptr).collect();
+    fill(big, 8 * MIB, 3);
+    for &s in &small {
+        fill(s, 2000, 4);
+    }
+    let go = Pipe::new();
+    let child = fork_child(|| {
+        go.recv();
+        holds(big, 8 * MIB, 3) && small.iter().all(|&s| holds(s, 2000, 4))
+    });
+    assert!(shared::live_max() > 0, "a child of this fork may live");
+    // The parent frees its arrays and makes new ones of the same sizes.
+    pool::free_block(big).unwrap();
+    for &s in &small {
+        pool::free_block(s).unwrap();
+    }
+    assert_eq!(held(p).1, 65, "every block live at the fork is held back");
+    assert_eq!(held(p).0, 8 * MIB + 64 * 2048);
+    assert!(
+        pool::lookup(big).is_none(),
+        "a held block is not a live block"
+    );
+    assert!(pool::free_block(big).is_err(), "a second free is refused");
+    let big2 = h.alloc(8 * MIB).unwrap().ptr;
+    let small2: Vec<usize> = (0..64).map(|_| h.alloc(2000).unwrap().ptr).collect();
+    assert_ne!(big2, big);
+    assert!(small2.iter().all(|s| !small.contains(s)));
+    fill(big2, 8 * MIB, 5);
+    for &s in &small2 {
+        fill(s, 2000, 6);
+    }
+    go.send(1);
+    assert_eq!(
+        wait(child),
+        0,
+        "the child saw the parent's new arrays in its old ones"
+    );
+    // The child is gone: at the next look at the locks everything goes back.
+    assert_eq!(p.release_held(true), 8 * MIB + 64 * 2048);
+    assert_eq!(held(p), (0, 0));
+    assert_eq!(shared::live_max(), 0);
+    let again = h.alloc(8 * MIB).unwrap().ptr;
+    assert_eq!(
+        again, big,
+        "the held block is reused once no child may read it"
+    );
+    let mut all = small2;
+    all.extend([keep, big2, again]);
+    finish(&h, &all);
+}
+
+/// Control: without holding back, the same sequence corrupts the child's view, so the test
+/// above can fail.
+#[test]
+fn control_without_holding_back_the_child_sees_the_parents_new_array() {
+    let _s = serial();
+    let h = host(true);
+    let p = h.primary();
+    p.set_fork_hold(false);
+    let big = h.alloc(8 * MIB).unwrap().ptr;
+    fill(big, 8 * MIB, 3);
+    let go = Pipe::new();
+    let child = fork_child(|| {
+        go.recv();
+        holds(big, 8 * MIB, 3)
+    });
+    pool::free_block(big).unwrap();
+    assert_eq!(held(p), (0, 0));
+    let big2 = h.alloc(8 * MIB).unwrap().ptr;
+    assert_eq!(big2, big, "the freed block is reused at once");
+    fill(big2, 8 * MIB, 5);
+    go.send(1);
+    assert_eq!(
+        wait(child),
+        1,
+        "the child's view of its array changed under it"
+    );
+    finish(&h, &[big2]);
+}
+
+#[test]
+fn a_grandchild_reads_right_and_keeps_blocks_held_after_its_parent_exits() {
+    let _s = serial();
+    let h = host(true);
+    let p = h.primary();
+    let big = h.alloc(4 * MIB).unwrap().ptr;
+    fill(big, 4 * MIB, 8);
+    let go = Pipe::new();
+    let answer = Pipe::new();
+    let child = fork_child(|| {
+        // The child forks again and leaves at once; the grandchild reads later.
+        let grandchild = fork_child(|| {
+            go.recv();
+            let ok = holds(big, 4 * MIB, 8);
+            answer.send(if ok { b'Y' } else { b'N' });
+            fill(big, 4 * MIB, 9); // private to the grandchild
+            ok
+        });
+        grandchild > 0
+    });
+    assert_eq!(wait(child), 0);
+    answer.close_write();
+    pool::free_block(big).unwrap();
+    shared::refresh(true);
+    assert_eq!(held(p).1, 1, "the grandchild holds its parent's lock");
+    let big2 = h.alloc(4 * MIB).unwrap().ptr;
+    assert_ne!(big2, big);
+    fill(big2, 4 * MIB, 10);
+    go.send(1);
+    assert_eq!(
+        answer.recv(),
+        Some(b'Y'),
+        "the grandchild read the parent's array"
+    );
+    assert_eq!(answer.recv(), None, "the grandchild is gone");
+    // Its lock goes with its exit (reaped by init, not by us): wait for the kernel.
+    let t = std::time::Instant::now();
+    while p.release_held(true) == 0 && t.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(held(p), (0, 0));
+    finish(&h, &[big2]);
+}
+
+#[test]
+fn a_child_gets_zeroed_memory_where_the_parent_wrote_after_the_fork() {
+    let _s = serial();
+    let h = host(true);
+    let first = h.alloc(1000).unwrap().ptr; // maps an arena; the rest of it is fresh
+    let go = Pipe::new();
+    let child = fork_child(|| {
+        go.recv();
+        // The same pool state as the parent had: the same fresh span comes back.
+        let a = h.alloc(8 * MIB).unwrap();
+        // SAFETY: just allocated, 8 MiB.
+        let first_word = unsafe { *(a.ptr as *const u64) };
+        // Control: the parent's write shows through, so claiming "zeroed" would be wrong.
+        !a.zeroed && first_word == 0x5555_5555_5555_5555
+    });
+    let a = h.alloc(8 * MIB).unwrap();
+    assert!(a.zeroed, "a fresh span of the owner reads as zero");
+    // SAFETY: just allocated, 8 MiB.
+    unsafe { std::ptr::write_bytes(a.ptr as *mut u8, 0x55, 8 * MIB) };
+    go.send(1);
+    assert_eq!(wait(child), 0, "the child was told its block was zeroed");
+    finish(&h, &[first, a.ptr]);
+}
+
+#[test]
+fn a_shrink_keeps_the_tail_a_child_may_read() {
+    let _s = serial();
+    let h = host(true);
+    let keep = h.alloc(1000).unwrap().ptr;
+    let big = h.alloc(8 * MIB).unwrap().ptr;
+    fill(big, 8 * MIB, 11);
+    let go = Pipe::new();
+    let child = fork_child(|| {
+        go.recv();
+        holds(big, 8 * MIB, 11)
+    });
+    let info = pool::lookup(big).unwrap();
+    assert_eq!(info.pool.resize_in_place(&info, MIB), Some(big));
+    let other = h.alloc(7 * MIB).unwrap().ptr;
+    assert!(other >= big + 8 * MIB || other + 7 * MIB <= big);
+    fill(other, 7 * MIB, 12);
+    go.send(1);
+    assert_eq!(wait(child), 0);
+    finish(&h, &[keep, big, other]);
+}
+
+#[test]
+fn past_the_cap_and_in_a_child_new_arrays_come_from_plain_memory() {
+    let _s = serial();
+    let h = host(true);
+    let (pinned0, cap0) = ump_alloc::backing::pinned();
+    ump_alloc::backing::set_pinned_cap(pinned0 + 64 * MIB);
+    let a = h.alloc(40 * MIB).unwrap().ptr;
+    let b = h.alloc(40 * MIB).unwrap().ptr;
+    let kind = |p: usize| pool::lookup(p).unwrap().pool.kind();
+    assert_eq!(kind(a), Kind::UMP_KIND_REGISTERED);
+    assert_eq!(kind(b), Kind::UMP_KIND_HOST, "past the cap: the fallback");
+    ump_alloc::backing::set_pinned_cap(cap0);
+    fill(a, 40 * MIB, 13);
+    let child = fork_child(|| {
+        // The child cannot make shared pages (the file's offsets are the parent's addresses).
+        let c = h.alloc(40 * MIB).unwrap().ptr;
+        fill(c, 40 * MIB, 14);
+        let ok = kind(c) == Kind::UMP_KIND_HOST && holds(a, 40 * MIB, 13) && holds(c, 40 * MIB, 14);
+        pool::free_block(c).is_ok() && pool::free_block(a).is_ok() && h.trim() > 0 && ok
+    });
+    assert_eq!(wait(child), 0);
+    assert!(
+        holds(a, 40 * MIB, 13),
+        "the child's trim gave back nothing of the parent's"
+    );
+    finish(&h, &[a, b]);
+}
+
+#[test]
+fn anonymous_pages_are_never_held_back() {
+    let _s = serial();
+    let h = host(false);
+    assert!(!h.primary().backing().fork_shared());
+    let big = h.alloc(8 * MIB).unwrap().ptr;
+    fill(big, 8 * MIB, 15);
+    let child = fork_child(|| holds(big, 8 * MIB, 15));
+    pool::free_block(big).unwrap();
+    assert_eq!(
+        held(h.primary()),
+        (0, 0),
+        "fork copies these pages: nothing to hold"
+    );
+    assert_eq!(wait(child), 0);
+    h.trim();
+}
