@@ -1,0 +1,386 @@
+/* Regression tests of the second review of the allocator core (issue 21), through the public C
+ * API only. Each scenario runs as its own process (see run.sh next to this file):
+ *
+ *   test_review refused-growth        a refused ump_realloc leaves no mapping, no address space
+ *                                      and no registry leaf behind, and swallows no free memory
+ *                                      (plain build: it ends under an address-space limit)
+ *   test_review refused-growth-limit  the same under UMP_ALLOC_LIMIT=96M: the arena's free
+ *                                      memory stays free and serves the next ump_malloc
+ *   test_review cache-retain          with nothing live, a long-lived thread keeps about
+ *                                      UMP_ALLOC_HOST_RETAIN mapped (its cached slots pin no arena)
+ *   test_review scope-realloc         scopes follow every size change of a block, in place too
+ *   test_review stream-retire-device  ump_stream_retire refuses a device that does not exist
+ *
+ * Expects a machine without a usable GPU (mode "host"). Prints FAIL lines on stderr and one
+ * summary line "review <scenario>: N passed, M failed"; exits non-zero if M > 0.
+ */
+
+#define _GNU_SOURCE
+
+#include "harness.h"
+
+#include <limits.h>
+
+/* Lines of /proc/self/maps: the process's mappings (the registry maps a 512 KiB leaf per 4 GiB
+ * of address space it covers, one mapping each). Read into a stack buffer, no heap use. */
+static size_t map_count(void) {
+    char buf[65536];
+    size_t lines = 0;
+    ssize_t n;
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    while ((n = read(fd, buf, sizeof buf)) > 0) {
+        ssize_t i;
+        for (i = 0; i < n; i++) lines += buf[i] == '\n';
+    }
+    close(fd);
+    return lines;
+}
+
+static size_t vsize_now(void) {
+    size_t v = 0;
+    statm(&v, NULL);
+    return v;
+}
+
+/* What a refusal must leave as it was. */
+struct book {
+    size_t maps, vsize;
+    struct ump_stats st;
+};
+
+static void book_now(struct book *b) {
+    stats_now(&b->st);
+    b->maps = map_count();
+    b->vsize = vsize_now();
+}
+
+/* A refused call changed nothing: the same mappings (a couple of slack for the C runtime's
+ * own), the same address space (4 MiB slack), and the host side's books. */
+static void same_book(const char *what, const struct book *a, const struct book *b) {
+    CHECK(b->maps <= a->maps + 2, "%s: %zu mappings after the refusal, %zu before", what,
+          b->maps, a->maps);
+    CHECK(b->vsize <= a->vsize + 4 * MiB,
+          "%s: address space grew by %.1f MiB over the refusal (%.1f -> %.1f MiB)", what,
+          MB(b->vsize - a->vsize), MB(a->vsize), MB(b->vsize));
+    CHECK(b->st.host.mapped == a->st.host.mapped,
+          "%s: host mapped %" PRIu64 " -> %" PRIu64, what, a->st.host.mapped, b->st.host.mapped);
+    CHECK(b->st.host_reserved == a->st.host_reserved,
+          "%s: host reserved %" PRIu64 " -> %" PRIu64, what, a->st.host_reserved,
+          b->st.host_reserved);
+    CHECK(b->st.host.cached == a->st.host.cached,
+          "%s: host cached %" PRIu64 " -> %" PRIu64 " (free memory taken into the block?)", what,
+          a->st.host.cached, b->st.host.cached);
+    CHECK(b->st.host_largest_free == a->st.host_largest_free,
+          "%s: host largest_free %" PRIu64 " -> %" PRIu64, what, a->st.host_largest_free,
+          b->st.host_largest_free);
+    CHECK(b->st.host.in_use == a->st.host.in_use,
+          "%s: host in_use %" PRIu64 " -> %" PRIu64, what, a->st.host.in_use, b->st.host.in_use);
+}
+
+/* The block at p is live, n bytes, seeded with `seed`, and nothing past it is a live block. */
+static void block_intact(const char *what, unsigned char *p, size_t n, uint64_t seed) {
+    struct ump_identity id;
+    CHECK(identify(p, &id) == UMP_OK && id.ours && id.base == (size_t)(uintptr_t)p &&
+              id.block_size == n,
+          "%s: ump_identify(block) ours %d base %#zx size %zu, want %p and %zu", what, id.ours,
+          id.base, id.block_size, (void *)p, n);
+    size_t bad = check_pattern(p, n, seed);
+    CHECK(bad == SIZE_MAX, "%s: byte %zu of the block changed", what, bad);
+}
+
+/* A refused realloc of the block at p (n bytes) to `to`: NULL, errno ENOMEM, the block intact,
+ * and the books unchanged. */
+static void refuse(const char *what, unsigned char *p, size_t n, uint64_t seed, size_t to) {
+    struct book a, b;
+    book_now(&a);
+    errno = 0;
+    void *r = ump_realloc(p, to);
+    int err = errno;
+    book_now(&b);
+    fprintf(stderr, "note: %s: ump_realloc -> %p (%s), %zu -> %zu mappings, %+.1f MiB address "
+            "space\n", what, r, last_err_or("-"), a.maps, b.maps,
+            ((double)b.vsize - (double)a.vsize) / (double)MiB);
+    CHECK(r == NULL, "%s: ump_realloc(%zu -> %zu) = %p, want NULL", what, n, to, r);
+    if (r != NULL) return;
+    CHECK(err == ENOMEM, "%s: errno %d, want ENOMEM", what, err);
+    block_intact(what, p, n, seed);
+    same_book(what, &a, &b);
+}
+
+/* ---- 1. refused growth, no limit ------------------------------------------------------------ */
+
+static void scenario_refused_growth(void) {
+    /* A block with a chunk of its own (40 MiB), grown to 64 TiB: the OS refuses both growing
+     * the mapping and a new one. Nothing may stay: no registry leaf for the range the OS did
+     * not grant (32,768 of them were made), no address space. */
+    size_t n = 40 * MiB;
+    unsigned char *p = (unsigned char *)ump_malloc(n);
+    CHECK(p != NULL, "ump_malloc(40 MiB): %s", last_err_or("-"));
+    if (!p) return;
+    fill_pattern(p, n, 1);
+    refuse("40 MiB chunk -> 64 TiB", p, n, 1, (size_t)1 << 46);
+    refuse("40 MiB chunk -> 16 TiB", p, n, 1, (size_t)1 << 44);
+
+    /* As ump_malloc of the same size does (the control). */
+    {
+        struct book a, b;
+        book_now(&a);
+        void *q = ump_malloc((size_t)1 << 46);
+        book_now(&b);
+        CHECK(q == NULL, "ump_malloc(64 TiB) = %p", q);
+        same_book("ump_malloc(64 TiB)", &a, &b);
+    }
+
+    /* A block at the head of a 64 MiB arena, the rest of the arena free: a refused growth must
+     * leave that free memory free (it was merged into the block, which kept it). */
+    size_t m = 1 * MiB;
+    unsigned char *a = (unsigned char *)ump_malloc(m);
+    CHECK(a != NULL, "ump_malloc(1 MiB): %s", last_err_or("-"));
+    if (!a) return;
+    fill_pattern(a, m, 2);
+    struct ump_stats st;
+    stats_now(&st);
+    CHECK(st.host_largest_free >= 62 * MiB,
+          "the 1 MiB block should start an arena whose rest is free: largest_free %.1f MiB",
+          MB(st.host_largest_free));
+    refuse("1 MiB in an arena -> 16 TiB", a, m, 2, (size_t)1 << 44);
+    struct ump_identity id;
+    CHECK(identify(a + 32 * MiB, &id) == UMP_OK && !id.ours,
+          "ump_identify(block + 32 MiB) says ours (block %#zx, %zu bytes): the free memory "
+          "after the block went into it",
+          id.base, id.block_size);
+    /* The free memory still serves: a 40 MiB block fits the arena's free span. */
+    stats_now(&st);
+    uint64_t mapped0 = st.host.mapped;
+    unsigned char *c = (unsigned char *)ump_malloc(40 * MiB);
+    CHECK(c != NULL, "ump_malloc(40 MiB) after the refusal: %s", last_err_or("-"));
+    stats_now(&st);
+    CHECK(c == a + m, "ump_malloc(40 MiB) = %p, want the free memory after the block (%p)",
+          (void *)c, (void *)(a + m));
+    CHECK(st.host.mapped == mapped0, "ump_malloc(40 MiB) mapped %.1f MiB more",
+          MB(st.host.mapped - mapped0));
+    ump_free(c, 40 * MiB);
+
+    /* The address space is still there for the program: under RLIMIT_AS = its size + 4 GiB, a
+     * 1 GiB block fits, from ump-alloc and from glibc alike (both failed after 16 GiB of
+     * leaves). */
+    struct rlimit rl = {vsize_now() + 4 * GiB, vsize_now() + 4 * GiB};
+    CHECK(setrlimit(RLIMIT_AS, &rl) == 0, "setrlimit: %s", strerror(errno));
+    unsigned char *g = (unsigned char *)ump_malloc(GiB);
+    CHECK(g != NULL, "ump_malloc(1 GiB) under RLIMIT_AS = size + 4 GiB: %s", last_err_or("-"));
+    if (g) {
+        g[0] = 1;
+        g[GiB - 1] = 2;
+        ump_free(g, GiB);
+    }
+    unsigned char *h = (unsigned char *)malloc(GiB);
+    CHECK(h != NULL, "malloc(1 GiB) under RLIMIT_AS = size + 4 GiB failed");
+    free(h);
+    block_intact("at the end", p, n, 1);
+    block_intact("at the end", a, m, 2);
+    ump_free(p, n);
+    ump_free(a, m);
+}
+
+/* ---- 2. refused growth under UMP_ALLOC_LIMIT=96M ------------------------------------------- */
+
+static void scenario_refused_growth_limit(void) {
+    size_t m = 1 * MiB;
+    unsigned char *a = (unsigned char *)ump_malloc(m);
+    CHECK(a != NULL, "ump_malloc(1 MiB): %s", last_err_or("-"));
+    if (!a) return;
+    fill_pattern(a, m, 3);
+    /* 100 MiB does not fit the limit: growing the arena would pass it, and so would a new
+     * block. */
+    refuse("1 MiB in an arena -> 100 MiB, limit 96 MiB", a, m, 3, 100 * MiB);
+    struct ump_identity id;
+    CHECK(identify(a + 32 * MiB, &id) == UMP_OK && !id.ours,
+          "ump_identify(block + 32 MiB) says ours (block size %zu): the free memory after the "
+          "block went into it",
+          id.block_size);
+    ump_clear_error();
+    unsigned char *c = (unsigned char *)ump_malloc(40 * MiB);
+    CHECK(c != NULL, "ump_malloc(40 MiB) after the refusal failed: %s (the arena's 63 MiB of "
+          "free memory should serve it under the 96 MiB limit)", last_err_or("-"));
+    if (c) {
+        fill_pattern(c, 40 * MiB, 4);
+        block_intact("a's neighbour", c, 40 * MiB, 4);
+        ump_free(c, 40 * MiB);
+    }
+    block_intact("at the end", a, m, 3);
+    ump_free(a, m);
+}
+
+/* ---- 3. thread-cached slots and UMP_ALLOC_HOST_RETAIN --------------------------------------- */
+
+/* One block in each of the nine classes from 64 to 256 KiB, each followed by 2 MiB fillers that
+ * fill the rest of its 64 MiB arena (a slab of these classes is 4 MiB: 4 + 30 x 2 = 64), so each
+ * slab lands in an arena of its own. Everything is then freed. The thread stays alive and
+ * allocates nothing more: what stays mapped is what a long-lived idle thread leaves. */
+#define S3_CLASSES 9
+#define S3_FILLERS 30
+
+static size_t retain_setting(void) {
+    const char *v = getenv("UMP_ALLOC_HOST_RETAIN");
+    if (!v || !*v) return 256 * MiB;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    switch (*end) {
+    case 'K': x <<= 10; break;
+    case 'M': x <<= 20; break;
+    case 'G': x <<= 30; break;
+    default: break;
+    }
+    return (size_t)x;
+}
+
+static void scenario_cache_retain(void) {
+    static const size_t sizes[S3_CLASSES] = {64 * KiB,  80 * KiB,  96 * KiB,
+                                             112 * KiB, 128 * KiB, 160 * KiB,
+                                             192 * KiB, 224 * KiB, 256 * KiB};
+    unsigned char *small[S3_CLASSES];
+    unsigned char *fill[S3_CLASSES][S3_FILLERS];
+    size_t retain = retain_setting(), rss0 = rss_now();
+    int k, f;
+    struct ump_stats st;
+    for (k = 0; k < S3_CLASSES; k++) {
+        small[k] = (unsigned char *)ump_malloc(sizes[k]);
+        CHECK(small[k] != NULL, "ump_malloc(%zu): %s", sizes[k], last_err_or("-"));
+        if (small[k]) memset(small[k], 1, sizes[k]);
+        for (f = 0; f < S3_FILLERS; f++) {
+            fill[k][f] = (unsigned char *)ump_malloc(2 * MiB);
+            CHECK(fill[k][f] != NULL, "ump_malloc(2 MiB): %s", last_err_or("-"));
+            if (fill[k][f]) memset(fill[k][f], 2, 2 * MiB);
+        }
+    }
+    stats_now(&st);
+    uint64_t peak = st.host.mapped;
+    size_t rss_peak = rss_now();
+    /* The layout the scenario needs: nine arenas, each full. */
+    CHECK(peak >= S3_CLASSES * 64 * MiB, "host mapped %.1f MiB with everything live, want >= "
+          "576 MiB (one arena per class)", MB(peak));
+    for (k = 0; k < S3_CLASSES; k++) {
+        for (f = 0; f < S3_FILLERS; f++) ump_free(fill[k][f], 2 * MiB);
+        ump_free(small[k], sizes[k]);
+    }
+    stats_now(&st);
+    size_t rss1 = rss_now();
+    /* What may stay besides the retained free memory: this thread's cache (one slot of each of
+     * these classes; about 2 MiB over all classes at most) and the empty slabs a pool keeps
+     * (within half of retain, counted in it). */
+    size_t slack = 4 * MiB;
+    fprintf(stderr,
+            "note: retain %.0f MiB: host mapped %.1f MiB with everything live, %.1f MiB after "
+            "the frees (cached %.1f MiB); RSS %.1f -> %.1f -> %.1f MiB\n",
+            MB(retain), MB(peak), MB(st.host.mapped), MB(st.host.cached), MB(rss0),
+            MB(rss_peak), MB(rss1));
+    CHECK(st.host.in_use == 0, "host in_use %" PRIu64 " with nothing live", st.host.in_use);
+    CHECK(st.host.mapped <= retain + slack,
+          "host mapped %.1f MiB with nothing live and UMP_ALLOC_HOST_RETAIN=%.0f MiB (want <= "
+          "%.0f MiB): cached slots pin their arenas",
+          MB(st.host.mapped), MB(retain), MB(retain + slack));
+    CHECK(rss1 <= rss0 + retain + slack + 16 * MiB,
+          "RSS grew by %.1f MiB with nothing live (retain %.0f MiB)", MB(rss1 - rss0),
+          MB(retain));
+    /* Still usable, and the cache still serves. */
+    void *p = ump_malloc(100 * KiB);
+    CHECK(p != NULL, "ump_malloc(100 KiB) afterwards: %s", last_err_or("-"));
+    ump_free(p, 100 * KiB);
+}
+
+/* ---- 4. scopes follow in-place reallocs ---------------------------------------------------- */
+
+static struct ump_scope_report scope_end(void) {
+    struct ump_scope_report r;
+    memset(&r, 0, sizeof r);
+    r.size = (uint32_t)sizeof r;
+    CHECK(ump_scope_end_ex(&r) == UMP_OK, "ump_scope_end_ex: %s", last_err_or("-"));
+    return r;
+}
+
+/* Open a scope, allocate `from` bytes, realloc to `to`; the block must stay where it was when
+ * `in_place`; the scope's report must say `to` bytes are live at its end, and at least `to` at
+ * its peak. */
+static void scope_case(size_t from, size_t to, int in_place, unsigned flags) {
+    struct ump_stats s0, s1;
+    CHECK(ump_scope_begin_ex(flags) == UMP_OK, "ump_scope_begin_ex: %s", last_err_or("-"));
+    unsigned char *p = (unsigned char *)ump_malloc(from);
+    CHECK(p != NULL, "ump_malloc(%zu): %s", from, last_err_or("-"));
+    if (!p) {
+        (void)scope_end();
+        return;
+    }
+    stats_now(&s0);
+    unsigned char *q = (unsigned char *)ump_realloc(p, to);
+    stats_now(&s1);
+    CHECK(q != NULL, "ump_realloc(%zu -> %zu): %s", from, to, last_err_or("-"));
+    if (in_place) {
+        CHECK(q == p && s1.host_reallocs_in_place == s0.host_reallocs_in_place + 1,
+              "ump_realloc(%zu -> %zu) should stay in place: %p -> %p", from, to, (void *)p,
+              (void *)q);
+    }
+    struct ump_scope_report r = scope_end();
+    fprintf(stderr, "note: scope: %zu -> %zu (%s): live_bytes %" PRIu64 ", peak_bytes %" PRIu64
+            "\n", from, to, q == p ? "in place" : "moved", r.live_bytes, r.peak_bytes);
+    CHECK(r.live_blocks == 1 && r.live_bytes == to,
+          "scope after ump_realloc(%zu -> %zu): %" PRIu64 " blocks, live_bytes %" PRIu64
+          ", want 1 and %zu",
+          from, to, r.live_blocks, r.live_bytes, to);
+    CHECK(r.peak_bytes >= to && r.peak_bytes >= from,
+          "scope after ump_realloc(%zu -> %zu): peak_bytes %" PRIu64, from, to, r.peak_bytes);
+    if (flags & UMP_SCOPE_KEEP_LIVE) {
+        /* Kept: a free of the block is its first. */
+        uint64_t e0 = ump_error_count();
+        ump_free(q, to);
+        CHECK(ump_error_count() == e0, "free after a keep-live scope: %s", last_err_or("-"));
+    }
+}
+
+static void scenario_scope_realloc(void) {
+    scope_case(1 * MiB, 9 * MiB, 1, 0);               /* grows in place over free memory */
+    scope_case(9 * MiB, 1 * MiB, 1, 0);               /* shrinks in place */
+    scope_case(100, 110, 1, 0);                       /* a small block within its class */
+    scope_case(1 * MiB, 9 * MiB, 1, UMP_SCOPE_KEEP_LIVE);
+    scope_case(1000, 100000, 0, 0);                   /* moves: the control */
+}
+
+/* ---- 5. ump_stream_retire and devices that do not exist ------------------------------------ */
+
+static void retire_devices(const char *when) {
+    static const int bad[] = {-5, -2, INT_MIN, 0, 1, 64, INT_MAX};
+    size_t i;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t e0 = ump_error_count();
+        int rc = ump_stream_retire(bad[i], (void *)(uintptr_t)0x1234);
+        CHECK(rc == UMP_ERR_INVALID && ump_error_count() == e0 + 1,
+              "%s: ump_stream_retire(%d, ...) = %d (errors +%" PRIu64 "), want UMP_ERR_INVALID "
+              "on a machine without a GPU",
+              when, bad[i], rc, ump_error_count() - e0);
+        const char *m = ump_last_error();
+        CHECK(m && strstr(m, "device"), "%s: ump_stream_retire(%d): message %s", when, bad[i],
+              m ? m : "(none)");
+    }
+    CHECK(ump_stream_retire(-1, (void *)(uintptr_t)0x1234) == UMP_OK,
+          "%s: ump_stream_retire(-1, ...) (every device): %s", when, last_err_or("-"));
+}
+
+static void scenario_stream_retire_device(void) {
+    retire_devices("before the first allocation");
+    void *p = ump_malloc(100);
+    CHECK(p != NULL, "ump_malloc(100): %s", last_err_or("-"));
+    retire_devices("after the first allocation");
+    ump_free(p, 100);
+}
+
+static const struct scenario scenarios[] = {
+    {"refused-growth", scenario_refused_growth},
+    {"refused-growth-limit", scenario_refused_growth_limit},
+    {"cache-retain", scenario_cache_retain},
+    {"scope-realloc", scenario_scope_realloc},
+    {"stream-retire-device", scenario_stream_retire_device},
+};
+
+int main(int argc, char **argv) {
+    return run_scenario("review", scenarios, sizeof scenarios / sizeof scenarios[0], argc, argv);
+}
