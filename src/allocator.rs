@@ -536,9 +536,7 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
     }
     let stats = info.pool.stats;
     if let Some(at) = info.pool.resize_in_place(&info, n) {
-        if at != ptr {
-            crate::scope::on_move(ptr, at, n);
-        }
+        crate::scope::on_resize(ptr, at, n);
         stats.reallocs_in_place.fetch_add(1, Ordering::Relaxed);
         return Ok(at);
     }
@@ -550,7 +548,7 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
     let kept = info.size.min(n);
     // SAFETY: both blocks are host-accessible, distinct, and at least this long.
     unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, new as *mut u8, kept) };
-    crate::scope::on_move(ptr, new, n);
+    crate::scope::on_resize(ptr, new, n);
     info.pool.free(ptr)?;
     stats.reallocs_copied.fetch_add(1, Ordering::Relaxed);
     stats

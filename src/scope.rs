@@ -246,8 +246,9 @@ fn on_free_slow(ptr: usize) {
     });
 }
 
-/// realloc moved the block at `old` to `new` (`n` bytes); it stays in its scope, if any.
-pub fn on_move(old: usize, new: usize, n: usize) {
+/// realloc resized the block at `old` to `n` bytes, now at `new` (`old` when in place); it
+/// stays in its scope, if any, with its new size.
+pub fn on_resize(old: usize, new: usize, n: usize) {
     if OPEN.load(Ordering::Relaxed) == 0 {
         return;
     }

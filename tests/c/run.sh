@@ -202,6 +202,7 @@ review() {
         "$build/test_review_asan" "$name"
 }
 review stream-retire-device
+review scope-realloc
 
 if command -v valgrind >/dev/null 2>&1; then
     vg=(valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite)
