@@ -203,6 +203,10 @@ review() {
 }
 review stream-retire-device
 review scope-realloc
+review refused-growth-limit UMP_ALLOC_LIMIT=96M
+# Ends under an address-space limit, which ASan's shadow memory cannot run under: plain build.
+stage "review: refused-growth (plain build: an address-space limit)" \
+    env UMP_ALLOC_NO_CUDA=1 "$build/test_review" refused-growth
 
 if command -v valgrind >/dev/null 2>&1; then
     vg=(valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite)
