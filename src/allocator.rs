@@ -535,13 +535,28 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
         )));
     }
     let stats = info.pool.stats;
+    let ordered = info.pool.is_stream_ordered();
     if let Some(at) = info.pool.resize_in_place(&info, n) {
+        if ordered && n > info.size {
+            // The block may have grown over memory freed in its stream's order: the caller
+            // writes it from the host once realloc returns.
+            info.pool.host_wait();
+        }
         crate::scope::on_resize(ptr, at, n);
         stats.reallocs_in_place.fetch_add(1, Ordering::Relaxed);
         return Ok(at);
     }
-    let new = if info.pool.is_stream_ordered() {
-        info.pool.alloc(n)?.ptr
+    let new = if ordered {
+        // A retired stream's handle is never used again: the new block is the legacy default
+        // stream's, which orders with every blocking stream.
+        let pool = match get().and_then(|a| a.device_group(info.pool.device())) {
+            Some(g) if info.pool.is_retired() => g.pool_for(0)?,
+            _ => info.pool,
+        };
+        let new = pool.alloc(n)?.ptr;
+        // The copy below writes it from the host.
+        pool.host_wait();
+        new
     } else {
         instance()?.host.alloc(n)?.ptr
     };

@@ -184,6 +184,10 @@ impl Pool {
     pub(super) fn release_chunk(&'static self, lg: &mut Large, sp: &'static Span) -> usize {
         let start = sp.start();
         self.forget_discards(lg, start, start + sp.len());
+        if self.kind == Kind::UMP_KIND_MANAGED {
+            // No prefetch of the background migration may touch memory given back.
+            crate::migrate::quiesce(start, start + sp.len());
+        }
         let chunk = self.detach_chunk(lg, sp);
         if let Some(ev) = lg.take_event(start) {
             if ev.wait().is_err() {

@@ -183,6 +183,7 @@ impl Pool {
         }
         let rest = next.len() - extra;
         registry::set_range(end, extra, sp as *const Span as usize | TAG_SPAN);
+        let away = next.away.load(Ordering::Relaxed);
         if rest == 0 {
             next.len.store(0, Ordering::Release);
             lg.spare.push(next);
@@ -197,7 +198,10 @@ impl Pool {
         }
         let dirty = sp.dirty.load(Ordering::Relaxed) || next.dirty.load(Ordering::Relaxed);
         sp.dirty.store(dirty, Ordering::Relaxed);
+        sp.away.fetch_or(away, Ordering::Relaxed);
         sp.len.store(len, Ordering::Release);
+        // Free memory handed out: out of the pending discards and migrations.
+        self.residency_on_grow(lg, end, end + extra);
         true
     }
 
@@ -238,6 +242,8 @@ impl Pool {
         for &f in rest {
             sp.dirty
                 .fetch_or(f.dirty.load(Ordering::Relaxed), Ordering::Relaxed);
+            sp.away
+                .fetch_or(f.away.load(Ordering::Relaxed), Ordering::Relaxed);
             if f.state.load(Ordering::Acquire) == SPAN_CACHED {
                 if let Some(i) = lg.quick.iter().position(|q| std::ptr::eq(*q, f)) {
                     lg.quick.remove(i);
@@ -290,6 +296,8 @@ impl Pool {
                     return None;
                 }
             };
+            // The free spans after `sp` are part of the block now (or gone with the old range).
+            self.residency_on_grow(lg, old.base, old.base + old.size);
             self.take_rest(lg, sp, rest);
             self.stats.on_reserve(new.raw_size);
             self.stats.on_unreserve(old.raw_size);
@@ -312,6 +320,7 @@ impl Pool {
         let cbase = sp.chunk_base.load(Ordering::Relaxed);
         let cend = cbase + sp.chunk_len.load(Ordering::Relaxed);
         let end = sp.start() + sp.len();
+        self.residency_on_grow(lg, end, cend);
         self.take_rest(lg, sp, rest);
         registry::set_range(end, cend - end, sp as *const Span as usize | TAG_SPAN);
         sp.len.store(cend - cbase, Ordering::Release);

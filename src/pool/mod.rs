@@ -409,6 +409,25 @@ impl Pool {
         self.group.is_some_and(|g| g.ordered())
     }
 
+    /// Wait on the host for the work queued on this pool's stream (a retired stream: for its
+    /// retire event), before the host writes memory the pool handed out: a stream-ordered pool
+    /// hands out memory freed in its stream's order, which kernels queued before the free may
+    /// still use. Nothing for pools whose reuse is not ordered by events.
+    pub(crate) fn host_wait(&'static self) {
+        if !self.ordered() {
+            return;
+        }
+        let waited = if self.is_retired() {
+            let fence = lock(&self.retire_event).clone();
+            fence.is_none_or(|ev| ev.wait().is_ok())
+        } else {
+            cuda::stream_synchronize(self.stream(), self.device).is_ok()
+        };
+        if !waited {
+            let _ = cuda::device_synchronize(self.device);
+        }
+    }
+
     #[inline]
     pub fn kind(&self) -> Kind {
         self.kind
