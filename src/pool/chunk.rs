@@ -46,6 +46,7 @@ impl Pool {
                 if let (Some(o), Some(d)) = (oldest, decay) {
                     self.set_decay_due(o + d);
                 }
+                self.set_over_retain(true);
                 return;
             } else if let Some(old) = lg.quick.pop_front() {
                 self.uncache(lg, old);
@@ -53,6 +54,7 @@ impl Pool {
                 break;
             }
         }
+        self.set_over_retain(lg.free_bytes + lg.quick_bytes > budget);
         self.clear_decay_due();
     }
 

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::prim::cuda;
 use crate::registry::{self, GRANULE};
 use crate::stats::PoolStats;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod chunk;
@@ -168,6 +168,10 @@ pub struct Pool {
     retain: usize,
     /// Bytes of wholly free slabs kept for reuse (part of what `retain` bounds).
     kept_slabs: AtomicUsize,
+    /// The free memory the pool holds is above `retain` and nothing could go back at the last
+    /// look (`enforce_retain`): free spans sit in chunks that something pins. A slot cached
+    /// by a thread whose slab holds no live block may be what pins one (see `tcache`).
+    over_retain: AtomicBool,
     /// Stream-ordered pools (no thread cache): per class, the last freed slot, kept out of its
     /// slab so that an alloc+free pair on one stream takes one atomic swap each and no lock.
     /// See `slab.rs` (`take_hot`, `put_hot`, `drain_hot`).
@@ -225,6 +229,9 @@ pub fn free_block(ptr: usize) -> Result<usize> {
             let n = sp.pool.free_large(sp, ptr)?;
             sp.pool.stats.frees.fetch_add(1, Ordering::Relaxed);
             sp.pool.stats.sub_in_use(n);
+            if sp.pool.over_retain() {
+                sp.pool.release_pinning();
+            }
             Ok(n)
         }
         None => Err(Error::not_ours(format!(
@@ -328,6 +335,7 @@ impl Pool {
             limit,
             retain,
             kept_slabs: AtomicUsize::new(0),
+            over_retain: AtomicBool::new(false),
             hot,
             unmapped: AtomicUsize::new(0),
             decay_ms: AtomicU64::new(0),
@@ -402,6 +410,30 @@ impl Pool {
     /// Whether this pool is one of a device's stream-ordered pools.
     pub fn is_stream_ordered(&self) -> bool {
         self.group.is_some()
+    }
+
+    /// Whether the pool held more free memory than `retain` allows at its last look, with
+    /// nothing it could give back (see `enforce_retain`).
+    #[inline]
+    pub(crate) fn over_retain(&self) -> bool {
+        self.over_retain.load(Ordering::Relaxed)
+    }
+
+    /// The pool holds more free memory than `retain` allows and could give none back: what
+    /// may pin its chunks goes back to the spans (slots cached for slabs with no live block,
+    /// then kept empty slabs), so that the chunks can go. The caller holds no lock of the pool.
+    #[cold]
+    pub(super) fn release_pinning(&'static self) {
+        tcache::release_dead(self);
+        if self.over_retain() {
+            self.release_empty_slabs();
+        }
+    }
+
+    fn set_over_retain(&self, over: bool) {
+        if self.over_retain.load(Ordering::Relaxed) != over {
+            self.over_retain.store(over, Ordering::Relaxed);
+        }
     }
 
     /// Whether freed memory must be fenced with events before another stream uses it.

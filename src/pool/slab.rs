@@ -34,6 +34,12 @@ pub struct Slab {
     magic: u64,
     /// Per slot: requested bytes + 1 while handed out, 0 otherwise.
     words: Box<[AtomicU32]>,
+    /// Blocks of the slab live now (handed out and not freed), as a hint: kept with plain
+    /// loads and stores, so exact when one thread uses the slab and possibly off by a few
+    /// while threads race on it (it is set right whenever the slab empties). It only decides
+    /// when cached slots go back early (`free_small`, `tcache::release_dead`); what is
+    /// released is decided by the exact count under the class lock.
+    live: AtomicU32,
 }
 
 impl Slab {
@@ -72,6 +78,28 @@ impl Slab {
             size: w as usize - 1,
             capacity: self.slot,
         })
+    }
+
+    /// A block of this slab was handed out.
+    #[inline]
+    fn on_handed_out(&self) {
+        let l = self.live.load(Ordering::Relaxed);
+        self.live.store(l.wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// A block of this slab was freed. Returns whether, by the hint, none is live any more.
+    #[inline]
+    fn on_freed(&self) -> bool {
+        let l = self.live.load(Ordering::Relaxed).wrapping_sub(1);
+        self.live.store(l, Ordering::Relaxed);
+        l as i32 <= 0
+    }
+
+    /// Whether, by the hint, no block of this slab is live: its slots in thread caches are
+    /// all that keep it (and its chunk) in use.
+    #[inline]
+    pub(super) fn maybe_dead(&self) -> bool {
+        self.live.load(Ordering::Relaxed) as i32 <= 0
     }
 
     /// Record a new requested size for the live block at `base`.
@@ -212,6 +240,8 @@ impl ClassState {
         st.out -= 1;
         self.free += 1;
         if self.slabs[id].out == 0 {
+            // Every slot is back: nothing is live (the hint may have drifted).
+            self.slabs[id].desc.live.store(0, Ordering::Relaxed);
             self.unlist(id);
             return true;
         }
@@ -265,6 +295,7 @@ impl Pool {
         };
         let i = idx as usize;
         slab.words[i].store(n as u32 + 1, Ordering::Release);
+        slab.on_handed_out();
         let ptr = slab.base.load(Ordering::Relaxed) + i * slab.slot;
         Ok(Alloc { ptr, zeroed: false })
     }
@@ -340,6 +371,7 @@ impl Pool {
                     span: AtomicUsize::new(0),
                     magic: (u64::MAX / slot as u64) + 1,
                     words: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
+                    live: AtomicU32::new(0),
                 }));
                 st.slabs.push(SlabState {
                     desc,
@@ -386,9 +418,17 @@ impl Pool {
             return Err(double_free(ptr));
         }
         let n = w as usize - 1;
+        let dead = s.on_freed();
         if self.is_stream_ordered() && self.put_hot(s.class, s, idx as u32) {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             self.stats.sub_in_use(n);
+            return Ok(n);
+        }
+        if dead && self.over_retain() {
+            // The slab's last live block, in a pool above its retain bound: the slot, and
+            // this thread's cached slots of the slab, go back to it, so that it can go back
+            // to the spans and its chunk to the OS instead of being pinned by a cache.
+            self.free_to_slab(s, idx as u32, n);
             return Ok(n);
         }
         if !tcache::push(self, s.class, (s, idx as u32), n) {
@@ -397,6 +437,21 @@ impl Pool {
             self.stats.sub_in_use(n);
         }
         Ok(n)
+    }
+
+    /// `free_small`'s slow path: slot `idx` of `s` (freed, counted out of its live blocks),
+    /// with this thread's cached slots of `s`, goes back to its slab.
+    #[cold]
+    #[inline(never)]
+    fn free_to_slab(&'static self, s: &'static Slab, idx: u32, n: usize) {
+        let mut slots = tcache::take_slab(self, s.class, s);
+        slots.push((s, idx));
+        self.return_slots(s.class, slots);
+        self.stats.frees.fetch_add(1, Ordering::Relaxed);
+        self.stats.sub_in_use(n);
+        if self.over_retain() {
+            self.release_pinning();
+        }
     }
 
     /// Take the hot slot of class `ci` (stream-ordered pools), if there is one. The slot
@@ -462,7 +517,11 @@ impl Pool {
             self.release_slab(st, old);
         }
         let bytes = slab.bytes();
-        if self.is_retired() || self.kept_slabs.load(Ordering::Relaxed) + bytes > self.retain / 2 {
+        if self.is_retired()
+            || self.over_retain()
+            || self.kept_slabs.load(Ordering::Relaxed) + bytes > self.retain / 2
+        {
+            // Over the bound, a kept slab would pin its chunk too.
             return false;
         }
         self.kept_slabs.fetch_add(bytes, Ordering::Relaxed);

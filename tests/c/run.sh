@@ -204,6 +204,9 @@ review() {
 review stream-retire-device
 review scope-realloc
 review refused-growth-limit UMP_ALLOC_LIMIT=96M
+review cache-retain UMP_ALLOC_HOST_RETAIN=0
+review cache-retain UMP_ALLOC_HOST_RETAIN=64M
+review cache-retain
 # Ends under an address-space limit, which ASan's shadow memory cannot run under: plain build.
 stage "review: refused-growth (plain build: an address-space limit)" \
     env UMP_ALLOC_NO_CUDA=1 "$build/test_review" refused-growth

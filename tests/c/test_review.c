@@ -263,54 +263,137 @@ static size_t retain_setting(void) {
     return (size_t)x;
 }
 
-static void scenario_cache_retain(void) {
-    static const size_t sizes[S3_CLASSES] = {64 * KiB,  80 * KiB,  96 * KiB,
-                                             112 * KiB, 128 * KiB, 160 * KiB,
-                                             192 * KiB, 224 * KiB, 256 * KiB};
-    unsigned char *small[S3_CLASSES];
-    unsigned char *fill[S3_CLASSES][S3_FILLERS];
-    size_t retain = retain_setting(), rss0 = rss_now();
+static const size_t s3_sizes[S3_CLASSES] = {64 * KiB,  80 * KiB,  96 * KiB,
+                                            112 * KiB, 128 * KiB, 160 * KiB,
+                                            192 * KiB, 224 * KiB, 256 * KiB};
+static unsigned char *s3_small[S3_CLASSES];
+static unsigned char *s3_fill[S3_CLASSES][S3_FILLERS];
+
+/* Allocate the layout: per class, the block then the fillers of its arena (all touched). */
+static void s3_allocate(void) {
     int k, f;
-    struct ump_stats st;
     for (k = 0; k < S3_CLASSES; k++) {
-        small[k] = (unsigned char *)ump_malloc(sizes[k]);
-        CHECK(small[k] != NULL, "ump_malloc(%zu): %s", sizes[k], last_err_or("-"));
-        if (small[k]) memset(small[k], 1, sizes[k]);
+        s3_small[k] = (unsigned char *)ump_malloc(s3_sizes[k]);
+        CHECK(s3_small[k] != NULL, "ump_malloc(%zu): %s", s3_sizes[k], last_err_or("-"));
+        if (s3_small[k]) memset(s3_small[k], 1, s3_sizes[k]);
         for (f = 0; f < S3_FILLERS; f++) {
-            fill[k][f] = (unsigned char *)ump_malloc(2 * MiB);
-            CHECK(fill[k][f] != NULL, "ump_malloc(2 MiB): %s", last_err_or("-"));
-            if (fill[k][f]) memset(fill[k][f], 2, 2 * MiB);
+            s3_fill[k][f] = (unsigned char *)ump_malloc(2 * MiB);
+            CHECK(s3_fill[k][f] != NULL, "ump_malloc(2 MiB): %s", last_err_or("-"));
+            if (s3_fill[k][f]) memset(s3_fill[k][f], 2, 2 * MiB);
         }
     }
+    struct ump_stats st;
     stats_now(&st);
-    uint64_t peak = st.host.mapped;
-    size_t rss_peak = rss_now();
     /* The layout the scenario needs: nine arenas, each full. */
-    CHECK(peak >= S3_CLASSES * 64 * MiB, "host mapped %.1f MiB with everything live, want >= "
-          "576 MiB (one arena per class)", MB(peak));
-    for (k = 0; k < S3_CLASSES; k++) {
-        for (f = 0; f < S3_FILLERS; f++) ump_free(fill[k][f], 2 * MiB);
-        ump_free(small[k], sizes[k]);
-    }
+    CHECK(st.host.mapped >= S3_CLASSES * 64 * MiB,
+          "host mapped %.1f MiB with everything live, want >= 576 MiB (one arena per class)",
+          MB(st.host.mapped));
+}
+
+static void s3_free_small(void) {
+    int k;
+    for (k = 0; k < S3_CLASSES; k++) ump_free(s3_small[k], s3_sizes[k]);
+}
+
+static void s3_free_fillers(int k) {
+    int f;
+    for (f = 0; f < S3_FILLERS; f++) ump_free(s3_fill[k][f], 2 * MiB);
+}
+
+/* With nothing live: what stays mapped is about the retain setting, beside this thread's cache
+ * (one slot of each of these classes; about 2 MiB over all classes at most) and the empty
+ * slabs a pool keeps within it. */
+static void s3_check(const char *order, size_t retain, size_t rss0, uint64_t lag) {
+    struct ump_stats st;
+    size_t slack = 4 * MiB;
     stats_now(&st);
     size_t rss1 = rss_now();
-    /* What may stay besides the retained free memory: this thread's cache (one slot of each of
-     * these classes; about 2 MiB over all classes at most) and the empty slabs a pool keeps
-     * (within half of retain, counted in it). */
-    size_t slack = 4 * MiB;
     fprintf(stderr,
-            "note: retain %.0f MiB: host mapped %.1f MiB with everything live, %.1f MiB after "
-            "the frees (cached %.1f MiB); RSS %.1f -> %.1f -> %.1f MiB\n",
-            MB(retain), MB(peak), MB(st.host.mapped), MB(st.host.cached), MB(rss0),
-            MB(rss_peak), MB(rss1));
-    CHECK(st.host.in_use == 0, "host in_use %" PRIu64 " with nothing live", st.host.in_use);
+            "note: %s, retain %.0f MiB: host mapped %.1f MiB after the frees (cached %.1f "
+            "MiB), RSS %+.1f MiB\n",
+            order, MB(retain), MB(st.host.mapped), MB(st.host.cached),
+            ((double)rss1 - (double)rss0) / (double)MiB);
+    CHECK(st.host.in_use <= lag, "%s: host in_use %" PRIu64 " with nothing live", order,
+          st.host.in_use);
     CHECK(st.host.mapped <= retain + slack,
-          "host mapped %.1f MiB with nothing live and UMP_ALLOC_HOST_RETAIN=%.0f MiB (want <= "
-          "%.0f MiB): cached slots pin their arenas",
-          MB(st.host.mapped), MB(retain), MB(retain + slack));
+          "%s: host mapped %.1f MiB with nothing live and UMP_ALLOC_HOST_RETAIN=%.0f MiB (want "
+          "<= %.0f MiB): cached slots pin their arenas",
+          order, MB(st.host.mapped), MB(retain), MB(retain + slack));
     CHECK(rss1 <= rss0 + retain + slack + 16 * MiB,
-          "RSS grew by %.1f MiB with nothing live (retain %.0f MiB)", MB(rss1 - rss0),
-          MB(retain));
+          "%s: RSS grew by %.1f MiB with nothing live (retain %.0f MiB)", order,
+          MB(rss1 - rss0), MB(retain));
+}
+
+static pthread_mutex_t s3_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t s3_cv = PTHREAD_COND_INITIALIZER;
+static int s3_stage;
+
+/* A worker that makes the layout, frees its small blocks (into its own cache) and then stays
+ * alive and idle until told to go. */
+static void *s3_worker(void *arg) {
+    (void)arg;
+    s3_allocate();
+    s3_free_small();
+    pthread_mutex_lock(&s3_mu);
+    s3_stage = 1;
+    pthread_cond_broadcast(&s3_cv);
+    while (s3_stage != 2) pthread_cond_wait(&s3_cv, &s3_mu);
+    pthread_mutex_unlock(&s3_mu);
+    return NULL;
+}
+
+static void scenario_cache_retain(void) {
+    size_t retain = retain_setting(), rss0 = rss_now();
+    int k;
+
+    /* Each arena's fillers, then its block: the block's free empties its slab. */
+    s3_allocate();
+    for (k = 0; k < S3_CLASSES; k++) {
+        s3_free_fillers(k);
+        ump_free(s3_small[k], s3_sizes[k]);
+    }
+    s3_check("fillers then block", retain, rss0, 0);
+    ump_trim();
+
+    /* The blocks first (their slots wait in this thread's cache), then the fillers. */
+    rss0 = rss_now();
+    s3_allocate();
+    s3_free_small();
+    for (k = 0; k < S3_CLASSES; k++) s3_free_fillers(k);
+    s3_check("blocks then fillers", retain, rss0, 0);
+    ump_trim();
+
+    /* In allocation order: each block, then the fillers after it. */
+    rss0 = rss_now();
+    s3_allocate();
+    for (k = 0; k < S3_CLASSES; k++) {
+        ump_free(s3_small[k], s3_sizes[k]);
+        s3_free_fillers(k);
+    }
+    s3_check("allocation order", retain, rss0, 0);
+    ump_trim();
+
+    /* Another thread's cache: a worker makes the layout, frees its blocks and stays idle;
+     * this thread frees the fillers. */
+    rss0 = rss_now();
+    pthread_t th;
+    int rc = pthread_create(&th, NULL, s3_worker, NULL);
+    CHECK(rc == 0, "pthread_create: %d", rc);
+    if (rc != 0) return;
+    pthread_mutex_lock(&s3_mu);
+    while (s3_stage != 1) pthread_cond_wait(&s3_cv, &s3_mu);
+    pthread_mutex_unlock(&s3_mu);
+    for (k = 0; k < S3_CLASSES; k++) s3_free_fillers(k);
+    /* The idle worker's cache has not added its last frees to the shared count (less than
+     * 256 KiB per thread, as documented). */
+    s3_check("an idle thread's blocks, then fillers from another thread", retain, rss0,
+             256 * KiB);
+    pthread_mutex_lock(&s3_mu);
+    s3_stage = 2;
+    pthread_cond_broadcast(&s3_cv);
+    pthread_mutex_unlock(&s3_mu);
+    pthread_join(th, NULL);
+
     /* Still usable, and the cache still serves. */
     void *p = ump_malloc(100 * KiB);
     CHECK(p != NULL, "ump_malloc(100 KiB) afterwards: %s", last_err_or("-"));
