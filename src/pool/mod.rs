@@ -187,6 +187,8 @@ pub struct Pool {
     page: Option<usize>,
     /// Lazily committed pools: milliseconds since `EPOCH` when free spans are next looked at.
     purge_due: AtomicU64,
+    /// The pool that shares this one's counters and limit, if any (`share_limit_with`).
+    peer: std::sync::OnceLock<&'static Pool>,
 }
 
 /// The clock `decay_due` counts from.
@@ -342,6 +344,7 @@ impl Pool {
             decay_due: AtomicU64::new(0),
             page,
             purge_due: AtomicU64::new(0),
+            peer: std::sync::OnceLock::new(),
         }))
     }
 
@@ -535,7 +538,10 @@ impl Pool {
     }
 
     /// Everything an out-of-memory retry may give back first: the device's idle memory of
-    /// every stream for a stream-ordered pool, this pool's whole cache otherwise.
+    /// every stream for a stream-ordered pool, this pool's whole cache otherwise, and that of
+    /// the pool it shares its counters and limit with (see [`share_limit_with`]).
+    ///
+    /// [`share_limit_with`]: Self::share_limit_with
     fn reclaim_for_retry(&'static self) {
         match self.group {
             Some(g) => {
@@ -543,8 +549,20 @@ impl Pool {
             }
             None => {
                 self.trim();
+                if let Some(peer) = self.peer.get() {
+                    peer.trim();
+                }
             }
         }
+    }
+
+    /// `self` and `other` share their counters, and so the limit (`new_shared`: the host
+    /// side's primary and fallback pools): an allocation refused for the limit in one first
+    /// gives back what both cache.
+    pub fn share_limit_with(&'static self, other: &'static Pool) {
+        debug_assert!(std::ptr::eq(self.stats, other.stats));
+        let _ = self.peer.set(other);
+        let _ = other.peer.set(self);
     }
 
     /// Resize without copying: a small block whose class still fits `n`, a large block whose
