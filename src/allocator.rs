@@ -470,6 +470,17 @@ pub fn reset_peaks() {
 
 // ---- the host malloc family (NumPy's contract) ---------------------------------------------
 
+/// malloc's fast path: a small block from this thread's cache of the host side's primary pool
+/// (the host side serves small blocks from it first), when no scope is open; None: use
+/// [`malloc`].
+#[inline(always)]
+pub fn malloc_cached(n: usize) -> Option<usize> {
+    if crate::scope::any_open() {
+        return None;
+    }
+    pool::alloc_cached(n)
+}
+
 /// malloc: `n` bytes, aligned; 0 yields a unique block.
 #[inline]
 pub fn malloc(n: usize) -> Result<usize> {
@@ -522,6 +533,16 @@ pub fn block_at(ptr: usize) -> Result<BlockInfo> {
     }
 }
 
+/// realloc's fast path: a small block of a host pool that keeps its size class is resized in
+/// place, counted in this thread's cache, when no scope is open. None: use [`realloc`].
+#[inline(always)]
+pub fn realloc_cached(ptr: usize, n: usize) -> Option<usize> {
+    if crate::scope::any_open() {
+        return None;
+    }
+    pool::resize_cached(ptr, n)
+}
+
 /// realloc: contents kept up to the smaller size, alignment kept; on failure the old block
 /// stays valid. `ptr == 0` is malloc.
 pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
@@ -570,6 +591,16 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
         .realloc_copied_bytes
         .fetch_add(kept as u64, Ordering::Relaxed);
     Ok(new)
+}
+
+/// free's fast path: a small block of a host pool back into this thread's cache, when no scope
+/// is open (host blocks are never deferred: that is device memory). None: use [`free`].
+#[inline(always)]
+pub fn free_cached(ptr: usize) -> Option<Result<()>> {
+    if crate::scope::any_open() {
+        return None;
+    }
+    pool::free_cached(ptr).map(|r| r.map(|_| ()))
 }
 
 /// free: any live block of ours; `ptr == 0` is a no-op.

@@ -64,6 +64,11 @@ impl HostPools {
     ) -> HostPools {
         let stats: &'static PoolStats = Box::leak(Box::new(PoolStats::default()));
         let primary = Pool::new_shared(backing, config.alignment, config.limit, retain, stats);
+        if side != HostSide::Managed {
+            // The malloc family's fast path serves small blocks from this pool's thread
+            // caches. Not for a managed host side: its fork() children must get the fallback.
+            primary.mark_host_primary();
+        }
         if side == HostSide::Pinned {
             primary.set_decay(PINNED_DECAY);
         }

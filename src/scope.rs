@@ -181,6 +181,12 @@ pub fn depth() -> usize {
     STACK.try_with(|s| s.0.borrow().len()).unwrap_or(0)
 }
 
+/// Whether any scope is open in the process (the allocation fast path's check).
+#[inline(always)]
+pub fn any_open() -> bool {
+    OPEN.load(Ordering::Relaxed) != 0
+}
+
 /// Scopes open in the process.
 pub fn open_count() -> usize {
     OPEN.load(Ordering::Relaxed)

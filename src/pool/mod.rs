@@ -48,6 +48,17 @@ pub use residency::mark_away;
 use slab::{ClassState, Slab};
 use span::{Large, Span};
 pub use tcache::flush_thread_counts;
+
+/// The host side's small-block fast path: `n` bytes (counted in use) from this thread's cache
+/// of the host side's primary pool, if it holds a slot of `n`'s class; None sends the caller
+/// to the full path (no cache yet, another pool's cache, an empty bin, a large request).
+#[inline(always)]
+pub fn alloc_cached(n: usize) -> Option<usize> {
+    if n > SMALL_MAX {
+        return None;
+    }
+    tcache::alloc_primary(n)
+}
 pub(crate) use tcache::{
     fork_child as tcache_fork_child, fork_parent as tcache_fork_parent,
     fork_prepare as tcache_fork_prepare,
@@ -189,6 +200,10 @@ pub struct Pool {
     purge_due: AtomicU64,
     /// The pool that shares this one's counters and limit, if any (`share_limit_with`).
     peer: std::sync::OnceLock<&'static Pool>,
+    /// The host side's primary pool (`mark_host_primary`): the pool small allocations of the
+    /// malloc family are served from first, which the allocation fast path serves from its
+    /// thread caches (`tcache::alloc_cached`).
+    host_primary: AtomicBool,
 }
 
 /// The clock `decay_due` counts from.
@@ -239,6 +254,28 @@ pub fn free_block(ptr: usize) -> Result<usize> {
         None => Err(Error::not_ours(format!(
             "{ptr:#x} was not allocated by ump-alloc"
         ))),
+    }
+}
+
+/// The host side's small-block free fast path: free the block at `ptr` into this thread's
+/// cache when it is a slot of a pool this thread caches for. None: not handled, nothing
+/// changed (use `free_block`); else what `free_block` would give.
+#[inline(always)]
+pub fn free_cached(ptr: usize) -> Option<Result<usize>> {
+    match entry_at(ptr)? {
+        Entry::Slab(s) => s.pool.free_cached(s, ptr),
+        Entry::Span(_) => None,
+    }
+}
+
+/// The host side's realloc fast path: the small block at `ptr` resized in place to `n` bytes
+/// when `n` falls in its size class, counted in this thread's cache of its pool. None: not
+/// handled, nothing changed (use the full realloc).
+#[inline(always)]
+pub fn resize_cached(ptr: usize, n: usize) -> Option<usize> {
+    match entry_at(ptr)? {
+        Entry::Slab(s) => s.pool.resize_cached(s, ptr, n),
+        Entry::Span(_) => None,
     }
 }
 
@@ -345,6 +382,7 @@ impl Pool {
             page,
             purge_due: AtomicU64::new(0),
             peer: std::sync::OnceLock::new(),
+            host_primary: AtomicBool::new(false),
         }))
     }
 
@@ -556,6 +594,18 @@ impl Pool {
         }
     }
 
+    /// This pool is the host side's primary pool: the malloc family's small allocations may
+    /// come from its thread caches without going through the host side's choice of pool.
+    /// Before the first allocation.
+    pub fn mark_host_primary(&self) {
+        self.host_primary.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether this is the host side's primary pool.
+    pub(crate) fn is_host_primary(&self) -> bool {
+        self.host_primary.load(Ordering::Relaxed)
+    }
+
     /// `self` and `other` share their counters, and so the limit (`new_shared`: the host
     /// side's primary and fallback pools): an allocation refused for the limit in one first
     /// gives back what both cache.
@@ -651,6 +701,8 @@ impl Pool {
     }
 }
 
+#[cold]
+#[inline(never)]
 fn double_free(ptr: usize) -> Error {
     Error::double_free(format!("double free of {ptr:#x}"))
 }

@@ -26,6 +26,8 @@ pub struct Slab {
     pub(super) class: usize,
     pub(super) slot: usize,
     nslots: usize,
+    /// `nslots * slot`: the bytes of the slab's slots.
+    len: usize,
     /// Index of this descriptor's state in its class (fixed for the descriptor's life).
     id: usize,
     pub(super) base: AtomicUsize,
@@ -55,8 +57,9 @@ impl Slab {
         unsafe { &*(self.span.load(Ordering::Acquire) as *const Span) }
     }
 
+    #[inline(always)]
     fn bytes(&self) -> usize {
-        self.nslots * self.slot
+        self.len
     }
 
     /// The live block containing `addr`, if this slab holds one there now.
@@ -78,6 +81,19 @@ impl Slab {
             size: w as usize - 1,
             capacity: self.slot,
         })
+    }
+
+    /// Slot `idx` (out of the slab, free) becomes a live block of `n` bytes. Returns its
+    /// address.
+    #[inline(always)]
+    pub(super) fn hand_out(&self, idx: u32, n: usize) -> usize {
+        let i = idx as usize;
+        debug_assert!(i < self.nslots);
+        // SAFETY: slots come from `ClassState::take`, which hands out indices below `nslots`,
+        // the length of `words`.
+        unsafe { self.words.get_unchecked(i) }.store(n as u32 + 1, Ordering::Release);
+        self.on_handed_out();
+        self.base.load(Ordering::Relaxed) + i * self.slot
     }
 
     /// A block of this slab was handed out.
@@ -293,11 +309,10 @@ impl Pool {
                 x
             }
         };
-        let i = idx as usize;
-        slab.words[i].store(n as u32 + 1, Ordering::Release);
-        slab.on_handed_out();
-        let ptr = slab.base.load(Ordering::Relaxed) + i * slab.slot;
-        Ok(Alloc { ptr, zeroed: false })
+        Ok(Alloc {
+            ptr: slab.hand_out(idx, n),
+            zeroed: false,
+        })
     }
 
     /// Slow path of a small allocation: take slots from the class under its lock, one to
@@ -366,6 +381,7 @@ impl Pool {
                     class: ci,
                     slot,
                     nslots,
+                    len: nslots * slot,
                     id,
                     base: AtomicUsize::new(0),
                     span: AtomicUsize::new(0),
@@ -432,11 +448,86 @@ impl Pool {
             return Ok(n);
         }
         if !tcache::push(self, s.class, (s, idx as u32), n) {
-            self.return_slots(s.class, std::iter::once((s, idx as u32)));
-            self.stats.frees.fetch_add(1, Ordering::Relaxed);
-            self.stats.sub_in_use(n);
+            self.return_freed(s, idx as u32, n);
         }
         Ok(n)
+    }
+
+    /// The free fast path (`pool::free_cached`): free the small block at `ptr` of slab `s`
+    /// into this thread's cache, which must be this (host) pool's. None: not handled, nothing
+    /// changed (no cache of this pool here, or `ptr` is not a slot's start: the full path
+    /// says why); else the result of the free, as `free_small` gives it.
+    #[inline(always)]
+    pub(super) fn free_cached(
+        &'static self,
+        s: &'static Slab,
+        ptr: usize,
+    ) -> Option<Result<usize>> {
+        let c = tcache::mine(self)?;
+        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
+        if off >= s.bytes() {
+            return None;
+        }
+        let idx = s.slot_of(off);
+        if idx * s.slot != off {
+            return None;
+        }
+        debug_assert!(idx < s.nslots);
+        // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
+        let w = unsafe { s.words.get_unchecked(idx) }.swap(0, Ordering::AcqRel);
+        if w == 0 {
+            return Some(Err(double_free(ptr)));
+        }
+        let n = w as usize - 1;
+        if s.on_freed() && self.over_retain() {
+            self.free_to_slab(s, idx as u32, n);
+        } else if !tcache::push_to(c, self, s.class, (s, idx as u32), n) {
+            self.return_freed(s, idx as u32, n);
+        }
+        Some(Ok(n))
+    }
+
+    /// The realloc fast path (`pool::resize_cached`): the live small block at `ptr` of slab
+    /// `s` takes `n` bytes in place when `n` falls in its class, counted in this thread's
+    /// cache, which must be this (host) pool's. None: not handled, nothing changed.
+    #[inline(always)]
+    pub(super) fn resize_cached(
+        &'static self,
+        s: &'static Slab,
+        ptr: usize,
+        n: usize,
+    ) -> Option<usize> {
+        let c = tcache::mine(self)?;
+        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
+        if n > SMALL_MAX || off >= s.bytes() || self.table.class_of(n) != s.class {
+            return None;
+        }
+        let idx = s.slot_of(off);
+        if idx * s.slot != off {
+            return None;
+        }
+        debug_assert!(idx < s.nslots);
+        // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
+        let w = unsafe { s.words.get_unchecked(idx) };
+        let old = w.load(Ordering::Acquire);
+        if old == 0 {
+            return None;
+        }
+        w.store(n as u32 + 1, Ordering::Release);
+        if !tcache::note_resize(c, old as usize - 1, n) {
+            self.stats.on_resize(old as usize - 1, n);
+            self.stats.reallocs_in_place.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(ptr)
+    }
+
+    /// A freed slot that no thread cache takes goes back to its slab, counted as freed.
+    #[cold]
+    #[inline(never)]
+    fn return_freed(&'static self, s: &'static Slab, idx: u32, n: usize) {
+        self.return_slots(s.class, std::iter::once((s, idx)));
+        self.stats.frees.fetch_add(1, Ordering::Relaxed);
+        self.stats.sub_in_use(n);
     }
 
     /// `free_small`'s slow path: slot `idx` of `s` (freed, counted out of its live blocks),

@@ -57,6 +57,10 @@ struct Inner {
     /// Operations served and not yet added to the pool's counters.
     allocs: u64,
     frees: u64,
+    /// Reallocs done in place by the fast path, not yet added to the pool's counter.
+    reallocs: u64,
+    /// Operations left before the counts are published (counts down from `COUNT_FLUSH`).
+    ops_left: u32,
     /// Change of requested bytes in use not yet added to the pool's `in_use`.
     in_use: isize,
     /// Slots came in since `release_dead` last looked.
@@ -64,8 +68,10 @@ struct Inner {
 }
 
 /// One thread's cache.
-struct Cache {
+pub(super) struct Cache {
     owner: &'static Pool,
+    /// The owner is the host side's primary pool (the allocation fast path serves it).
+    primary: bool,
     /// The owner is inside a busy window.
     busy: AtomicBool,
     /// A reclaimer asks for the bins.
@@ -155,10 +161,24 @@ impl Cache {
         unsafe { &mut *self.inner.get() }
     }
 
+    /// Whether the counts kept here are due to be published (every `COUNT_FLUSH` operations,
+    /// or `IN_USE_FLUSH` bytes of change either way).
+    #[inline(always)]
+    fn counts_due(inner: &Inner) -> bool {
+        inner.ops_left == 0 || (inner.in_use + IN_USE_FLUSH) as usize > 2 * IN_USE_FLUSH as usize
+    }
+
     /// Publish the operation counts and the change of bytes in use to the owner's statistics.
+    #[cold]
+    #[inline(never)]
     fn flush_counts(&self, inner: &mut Inner) {
         let st = self.owner.stats;
         self.flush_in_use(inner);
+        inner.ops_left = COUNT_FLUSH as u32;
+        if inner.reallocs > 0 {
+            st.reallocs_in_place
+                .fetch_add(std::mem::take(&mut inner.reallocs), Ordering::Relaxed);
+        }
         if inner.allocs + inner.frees == 0 {
             return;
         }
@@ -181,7 +201,7 @@ impl Cache {
 
 /// This thread's cache if it exists and belongs to `pool`.
 #[inline(always)]
-fn mine(pool: &'static Pool) -> Option<&'static Cache> {
+pub(super) fn mine(pool: &'static Pool) -> Option<&'static Cache> {
     let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
     if p <= GONE {
         return None;
@@ -194,25 +214,74 @@ fn mine(pool: &'static Pool) -> Option<&'static Cache> {
 /// Take a cached slot of class `ci` for a block of `n` bytes (counted in use here).
 #[inline]
 pub(super) fn pop(pool: &'static Pool, ci: usize, n: usize) -> Option<Slot> {
-    let c = mine(pool)?;
+    pop_from(mine(pool)?, ci, n)
+}
+
+/// `pop` from cache `c` (this thread's).
+#[inline(always)]
+fn pop_from(c: &Cache, ci: usize, n: usize) -> Option<Slot> {
     if !c.enter() {
         return None;
     }
     // SAFETY: inside our busy window.
     let inner = unsafe { c.inner() };
-    let bin = &mut inner.bins[ci];
+    debug_assert!(ci < inner.bins.len());
+    // SAFETY: `ci` is a class of the owner's table, which has one bin per class.
+    let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
     let x = bin.slots.pop();
     if x.is_some() {
         inner.bytes -= bin.size;
         c.bytes.store(inner.bytes, Ordering::Relaxed);
         inner.allocs += 1;
+        inner.ops_left = inner.ops_left.saturating_sub(1);
         inner.in_use += n as isize;
-        if inner.allocs + inner.frees >= COUNT_FLUSH || inner.in_use > IN_USE_FLUSH {
+        if Cache::counts_due(inner) {
             c.flush_counts(inner);
         }
     }
     c.leave();
     x
+}
+
+/// The allocation fast path (`pool::alloc_cached`): a block of `n <= SMALL_MAX` bytes from
+/// this thread's cache, if the cache serves the host side's primary pool and holds a slot of
+/// `n`'s class. Counted here as `pop` counts. `n <= SMALL_MAX`.
+#[inline(always)]
+pub(super) fn alloc_primary(n: usize) -> Option<usize> {
+    debug_assert!(n <= super::SMALL_MAX);
+    let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
+    if p <= GONE {
+        return None;
+    }
+    // SAFETY: `p` is this thread's live cache (freed only by this thread's exit).
+    let c = unsafe { &*(p as *const Cache) };
+    if !c.primary {
+        return None;
+    }
+    // SAFETY: `n <= SMALL_MAX` (the caller, `pool::alloc_cached`, checks it).
+    let ci = unsafe { c.owner.table.class_of_unchecked(n) };
+    let (slab, idx) = pop_from(c, ci, n)?;
+    Some(slab.hand_out(idx, n))
+}
+
+/// A small block of the cache's pool was resized in place from `old` to `new` requested bytes
+/// (the realloc fast path): counted here, as `pop` and `push` count. Returns false when a
+/// reclaimer holds the bins (the caller then counts it on the pool).
+#[inline(always)]
+pub(super) fn note_resize(c: &Cache, old: usize, new: usize) -> bool {
+    if !c.enter() {
+        return false;
+    }
+    // SAFETY: inside our busy window.
+    let inner = unsafe { c.inner() };
+    inner.in_use += new as isize - old as isize;
+    inner.reallocs += 1;
+    inner.ops_left = inner.ops_left.saturating_sub(1);
+    if Cache::counts_due(inner) {
+        c.flush_counts(inner);
+    }
+    c.leave();
+    true
 }
 
 /// Keep a freed slot of class `ci` (of a block of `n` bytes) in this thread's cache. When the
@@ -224,12 +293,20 @@ pub(super) fn push(pool: &'static Pool, ci: usize, slot: Slot, n: usize) -> bool
     let Some(c) = mine(pool) else {
         return false;
     };
+    push_to(c, pool, ci, slot, n)
+}
+
+/// `push` into cache `c` (this thread's, for `pool`).
+#[inline(always)]
+pub(super) fn push_to(c: &Cache, pool: &'static Pool, ci: usize, slot: Slot, n: usize) -> bool {
     if !c.enter() {
         return false;
     }
     // SAFETY: inside our busy window.
     let inner = unsafe { c.inner() };
-    let bin = &mut inner.bins[ci];
+    debug_assert!(ci < inner.bins.len());
+    // SAFETY: `ci` is a class of the owner's table, which has one bin per class.
+    let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
     let overflow = if bin.slots.len() >= bin.cap {
         let old = take_oldest_half(&mut bin.slots);
         inner.bytes -= old.len() * bin.size;
@@ -237,13 +314,22 @@ pub(super) fn push(pool: &'static Pool, ci: usize, slot: Slot, n: usize) -> bool
     } else {
         None
     };
-    bin.slots.push(slot);
+    let len = bin.slots.len();
+    debug_assert!(len < bin.slots.capacity());
+    // SAFETY: bins are made with room for `cap + 1` slots and hold at most `cap` here (the
+    // oldest half went above when the bin was full), so the write is inside the allocation,
+    // and the slot at `len` is then initialised.
+    unsafe {
+        bin.slots.as_mut_ptr().add(len).write(slot);
+        bin.slots.set_len(len + 1);
+    }
     inner.bytes += bin.size;
     c.bytes.store(inner.bytes, Ordering::Relaxed);
     inner.fresh = true;
     inner.frees += 1;
+    inner.ops_left = inner.ops_left.saturating_sub(1);
     inner.in_use -= n as isize;
-    if inner.allocs + inner.frees >= COUNT_FLUSH || inner.in_use < -IN_USE_FLUSH {
+    if Cache::counts_due(inner) {
         c.flush_counts(inner);
     }
     c.leave();
@@ -328,6 +414,7 @@ pub(super) fn ensure(pool: &'static Pool) -> bool {
     probe_membarrier();
     let cache = Box::new(Cache {
         owner: pool,
+        primary: pool.is_host_primary(),
         busy: AtomicBool::new(false),
         req: AtomicBool::new(false),
         bytes: AtomicUsize::new(0),
@@ -346,6 +433,8 @@ pub(super) fn ensure(pool: &'static Pool) -> bool {
             bytes: 0,
             allocs: 0,
             frees: 0,
+            reallocs: 0,
+            ops_left: COUNT_FLUSH as u32,
             in_use: 0,
             fresh: false,
         }),

@@ -203,6 +203,7 @@ review() {
 }
 review stream-retire-device
 review scope-realloc
+review realloc-counts
 review refused-growth-limit UMP_ALLOC_LIMIT=96M
 review cache-retain UMP_ALLOC_HOST_RETAIN=0
 review cache-retain UMP_ALLOC_HOST_RETAIN=64M

@@ -9,6 +9,7 @@
  *   test_review cache-retain          with nothing live, a long-lived thread keeps about
  *                                      UMP_ALLOC_HOST_RETAIN mapped (its cached slots pin no arena)
  *   test_review scope-realloc         scopes follow every size change of a block, in place too
+ *   test_review realloc-counts        a small realloc in place keeps the books exact
  *   test_review stream-retire-device  ump_stream_retire refuses a device that does not exist
  *
  * Expects a machine without a usable GPU (mode "host"). Prints FAIL lines on stderr and one
@@ -456,6 +457,38 @@ static void scenario_scope_realloc(void) {
     scope_case(1000, 100000, 0, 0);                   /* moves: the control */
 }
 
+/* A small block resized within its class outside any scope takes the realloc fast path (counted
+ * in the thread's cache): the books must be as exact as on the full path. */
+static void scenario_realloc_counts(void) {
+    struct ump_stats s0, s1, s2;
+    stats_now(&s0);
+    unsigned char *p = (unsigned char *)ump_malloc(100);
+    CHECK(p != NULL, "ump_malloc(100): %s", last_err_or("-"));
+    if (!p) return;
+    fill_pattern(p, 100, 5);
+    unsigned char *q = (unsigned char *)ump_realloc(p, 110);
+    stats_now(&s1);
+    CHECK(q == p, "ump_realloc(100 -> 110) moved the block: %p -> %p", (void *)p, (void *)q);
+    CHECK(check_pattern(q, 100, 5) == SIZE_MAX, "ump_realloc(100 -> 110) lost contents");
+    CHECK(s1.host_reallocs_in_place == s0.host_reallocs_in_place + 1,
+          "host_reallocs_in_place %" PRIu64 " -> %" PRIu64 ", want +1", s0.host_reallocs_in_place,
+          s1.host_reallocs_in_place);
+    CHECK(s1.host.in_use == s0.host.in_use + 110, "host in_use %" PRIu64 " -> %" PRIu64
+          ", want +110", s0.host.in_use, s1.host.in_use);
+    struct ump_identity id;
+    CHECK(identify(q + 105, &id) == UMP_OK && id.ours && id.block_size == 110,
+          "ump_identify after the realloc: ours %d size %zu", id.ours, id.block_size);
+    q = (unsigned char *)ump_realloc(q, 97);
+    stats_now(&s2);
+    CHECK(q == p && s2.host.in_use == s0.host.in_use + 97,
+          "ump_realloc(110 -> 97): %p, in_use +%" PRId64, (void *)q,
+          (int64_t)(s2.host.in_use - s0.host.in_use));
+    ump_free(q, 97);
+    stats_now(&s2);
+    CHECK(s2.host.in_use == s0.host.in_use, "host in_use %" PRIu64 " after the free, %" PRIu64
+          " before", s2.host.in_use, s0.host.in_use);
+}
+
 /* ---- 5. ump_stream_retire and devices that do not exist ------------------------------------ */
 
 static void retire_devices(const char *when) {
@@ -489,6 +522,7 @@ static const struct scenario scenarios[] = {
     {"refused-growth-limit", scenario_refused_growth_limit},
     {"cache-retain", scenario_cache_retain},
     {"scope-realloc", scenario_scope_realloc},
+    {"realloc-counts", scenario_realloc_counts},
     {"stream-retire-device", scenario_stream_retire_device},
 };
 
