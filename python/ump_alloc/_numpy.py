@@ -52,9 +52,24 @@ def _set(handler):
     return numpy_allocator.set_handler(handler)
 
 
+def _keep_errstate_lookups_cached() -> None:
+    """Set NumPy's error state to what it is, in this thread's context.
+
+    Setting the handler puts a ContextVar into the thread's context; from then on NumPy's
+    look-up of its error state (another ContextVar, read by every ufunc call) misses the
+    interpreter's cache whenever that variable was never set in the context, and walks the
+    context's map instead: measured with callgrind, 120 instead of 27 instructions per ufunc
+    call, about 1.5 % of a loop of small-array arithmetic (issue 21). Set, it is found and
+    cached like the handler. The values do not change."""
+    import numpy
+
+    numpy.seterr(**numpy.geterr())
+
+
 def install(threads: bool = True) -> None:
     """Make ump-alloc NumPy's allocator in this thread (and, with ``threads``, new threads)."""
     _previous.append(_set(capsule()))
+    _keep_errstate_lookups_cached()
     if threads:
         _hook_threads()
 
@@ -99,6 +114,7 @@ def _hook_threads() -> None:
         if _thread_hook_on:
             try:
                 _set(capsule())
+                _keep_errstate_lookups_cached()
             except Exception:  # never break thread start-up
                 pass
         return _orig(self)
