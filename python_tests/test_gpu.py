@@ -285,3 +285,10 @@ def test_numpy_realloc_in_place(mode):
 @pytest.mark.parametrize("discard", ["1", "0"])
 def test_managed_residency(discard):
     check("managed_residency", "pinned", {"UMP_ALLOC_MANAGED_DISCARD": discard})
+
+
+# ---- issue 21 ------------------------------------------------------------------------------------
+
+
+def test_device_realloc_waits_for_the_stream():
+    check("device_realloc_waits_for_the_stream", "pinned")
