@@ -9,8 +9,8 @@ alongside, as a program holding many small per-record arrays does:
 Each run is a fresh interpreter; the runs alternate, and the table shows the medians of the
 loop's wall time, its CPU time (user + system: steadier on a shared machine) and the peak
 resident set size (``ru_maxrss``), and the median of the per-pair ratios. ump-alloc is switched
-on with ``UMP_ALLOC=1`` (the import hook), so both programs are the same text with the same
-global names, and ``PYTHONHASHSEED=0`` and ``OPENBLAS_NUM_THREADS=1`` keep the interpreter's dict
+on with ``UMP_ALLOC=1`` (the import hook, or ``enable()`` inside a function where the hook is
+not installed), so both programs are the same text with the same global names, and ``PYTHONHASHSEED=0`` and ``OPENBLAS_NUM_THREADS=1`` keep the interpreter's dict
 layouts and NumPy's BLAS threads alike in both.
 
     python benches/small_arrays_bench.py [--reps 5] [--keep 1000000] [--workload plus]
@@ -32,8 +32,15 @@ import subprocess
 import sys
 
 WORKER = r'''
-import json, resource, sys, time
+import json, os, resource, sys, time
 import numpy as np
+def switch_on():
+    # Where the import hook is not installed (PYTHONPATH=python on the GPU machine); inside a
+    # function, so that the program's global names stay those of the default run.
+    import ump_alloc
+    ump_alloc.enable(cupy=False, torch=False)
+if os.environ.get("UMP_ALLOC") == "1" and np._core.multiarray.get_handler_name() != "ump_alloc":
+    switch_on()
 workload, keep_n = sys.argv[1], int(sys.argv[2])
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
