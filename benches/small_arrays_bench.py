@@ -39,7 +39,7 @@ def switch_on():
     # function, so that the program's global names stay those of the default run.
     import ump_alloc
     ump_alloc.enable(cupy=False, torch=False)
-if os.environ.get("UMP_ALLOC") == "1" and np._core.multiarray.get_handler_name() != "ump_alloc":
+if os.environ.get("UMP_ALLOC") == "1" and (getattr(np, "_core", None) or np.core).multiarray.get_handler_name() != "ump_alloc":
     switch_on()
 workload, keep_n = sys.argv[1], int(sys.argv[2])
 def cpu():
@@ -64,7 +64,7 @@ else:
 elapsed = time.perf_counter() - t
 c = cpu() - c
 out = {"time": elapsed, "cpu": c, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-       "check": acc, "arrays": len(keep), "handler": np._core.multiarray.get_handler_name(a)}
+       "check": acc, "arrays": len(keep), "handler": (getattr(np, "_core", None) or np.core).multiarray.get_handler_name(a)}
 if out["handler"] == "ump_alloc":
     import ump_alloc
     s = ump_alloc.stats()["host"]
