@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
-use ump_alloc::ffi::numpy::{ump_calloc, ump_free, ump_malloc};
+use ump_alloc::ffi::numpy::{ump_calloc, ump_free, ump_malloc, ump_realloc};
 use ump_alloc::ffi::query::{ump_identify, ump_identity};
 
 const SIZES: [usize; 6] = [64, 512, 4096, 65536, 1 << 20, 16 << 20];
@@ -116,6 +116,38 @@ fn bench_malloc_free(c: &mut Criterion) {
             },
         );
     }
+    g.finish();
+}
+
+/// realloc in place of a small block (NumPy's `resize` of a small array): 100 <-> 110 bytes,
+/// one size class, against glibc's realloc of the same sizes.
+fn bench_realloc_in_place(c: &mut Criterion) {
+    let mut g = configure(c, "realloc_in_place");
+    g.bench_function("ump/100_110", |b| {
+        let mut p = ump_malloc(100);
+        let mut k = 0usize;
+        b.iter(|| {
+            k ^= 1;
+            let q = ump_realloc(black_box(p), 100 + 10 * k);
+            assert!(q == p);
+            p = q;
+        });
+        ump_free(p, 100);
+    });
+    g.bench_function("glibc_realloc/100_110", |b| {
+        // SAFETY: plain malloc/realloc/free.
+        let mut p = unsafe { libc::malloc(100) };
+        let mut k = 0usize;
+        b.iter(|| {
+            k ^= 1;
+            // SAFETY: `p` is a live malloc block.
+            let q = unsafe { libc::realloc(black_box(p), 100 + 10 * k) };
+            assert!(!q.is_null());
+            p = q;
+        });
+        // SAFETY: as above.
+        unsafe { libc::free(p) };
+    });
     g.finish();
 }
 
@@ -369,6 +401,7 @@ fn bench_device_pair(c: &mut Criterion) {
 criterion_group!(
     benches,
     bench_malloc_free,
+    bench_realloc_in_place,
     bench_batch,
     bench_identify,
     bench_free_spans,

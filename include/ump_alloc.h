@@ -790,7 +790,8 @@ int ump_device_memory_info(int device, size_t *free, size_t *total);
 // (`ump_alloc`'s CuPy integration does this for CuPy streams): ump-alloc records one last
 // event on it and never uses the handle again, so blocks freed later stay stream-ordered and
 // a new stream that gets the same handle starts afresh. Returns `UMP_OK` (also when ump-alloc
-// never saw the stream); `UMP_ERR_INVALID` for an unknown device.
+// never saw the stream); `UMP_ERR_INVALID` for an unknown device (a negative number other than
+// -1, or one this machine does not have), also before the first allocation.
 int ump_stream_retire(int device, void *stream);
 
 // Open a scope on the calling thread: every block this thread allocates from now on (with

@@ -2134,3 +2134,72 @@ def plain_host_side_loads_no_cuda():
     assert threads() == start and not cuda_loaded() and not fork_warnings, (start, threads())
     print("mode when asked:", ump_alloc.mode(), "| libcuda loaded now:", cuda_loaded())
     assert cuda_loaded()
+
+
+# ---- issue 21: device-side realloc from the host -----------------------------------------------
+
+
+def _realloc_race(lib, s, use_realloc):
+    """Two 8 MiB managed blocks of stream `s`, y just below x. A kernel queued on `s` behind a
+    300 ms spin fills x with a marker, and x is freed at once (stream-ordered: `s` may reuse it).
+    Then, from the host, either y is realloc'ed to 16 MiB (over x's memory: the check) or a new
+    8 MiB block is taken on `s` (x's memory: the control), and the host writes a random pattern
+    over what it got, then waits for `s`. Returns (what the host wrote, what the memory holds)."""
+    import cupy as cp
+
+    mib = 1 << 20
+    x = lib.ump_cupy_malloc(s.ptr, 8 * mib, 0)
+    y = lib.ump_cupy_malloc(s.ptr, 8 * mib, 0)
+    assert x and y, "allocation failed"
+    assert y + 8 * mib == x, f"stream pools cut blocks from the end of free memory: {y:#x} {x:#x}"
+    gx = cp.ndarray((2 * mib,), cp.uint32, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(x, 8 * mib, None, 0), 0))
+    _spin(s, 300)
+    with s:
+        gx.fill(0xA5A5A5A5)  # queued behind the spin
+    del gx
+    lib.ump_cupy_free(s.ptr, x, 0)
+    if use_realloc:
+        p = lib.ump_realloc(y, 16 * mib)
+        assert p, "ump_realloc failed"
+        n = 16 * mib
+    else:
+        p = lib.ump_cupy_malloc(s.ptr, 8 * mib, 0)
+        assert p == x, f"the control expects x's memory again: {p:#x} {x:#x}"
+        n = 8 * mib
+    h = np.ctypeslib.as_array((ctypes.c_uint32 * (n // 4)).from_address(p))
+    want = np.random.default_rng(int.from_bytes(os.urandom(4), "little")).integers(
+        0, 1 << 31, n // 4, dtype=np.uint32)
+    h[:] = want  # the host writes what it got
+    s.synchronize()
+    got = h.copy()
+    lib.ump_cupy_free(s.ptr, p, 0)
+    if not use_realloc:
+        lib.ump_cupy_free(s.ptr, y, 0)
+    return want, got
+
+
+def device_realloc_waits_for_the_stream():
+    """ump_realloc of a device-side (managed) block from the host may grow it over memory freed
+    in its stream's order, or copy it into such memory, while a kernel queued before the free
+    still writes there: realloc must wait for the stream before the host touches the memory.
+    The control takes x's memory with an allocation on the stream (legitimate for GPU work on
+    the stream) and writes it from the host with no wait: the kernel's marker then overwrites
+    the host's pattern, which shows that the race is real in this setting."""
+    import cupy as cp
+
+    import ump_alloc
+
+    ump_alloc.enable(torch=False)
+    lib = _lib_handle()
+    s = cp.cuda.Stream(non_blocking=True)
+    cp.ones(1)
+    want, got = _realloc_race(lib, s, use_realloc=False)
+    marker = int(np.count_nonzero(got == 0xA5A5A5A5))
+    assert not np.array_equal(got, want) and marker > 0, (
+        "the control did not reproduce the race (the kernel finished before the host wrote?)"
+    )
+    print(f"control: {marker} words of the kernel's marker over the host's pattern")
+    want, got = _realloc_race(lib, s, use_realloc=True)
+    bad = int(np.count_nonzero(got != want))
+    assert bad == 0, f"{bad} words differ after ump_realloc (marker: {int(np.count_nonzero(got == 0xA5A5A5A5))})"
+    print("ump_realloc waited for the stream: the host's pattern is intact over all 16 MiB")

@@ -348,3 +348,10 @@ def test_fork_while_threads_allocate_on_shared_pinned_pages():
     ok, forks, first = r.stdout.split()
     assert ok == forks == "60", r.stderr
     assert first == "0", "the child's write reached the parent"
+
+
+# ---- issue 21 ------------------------------------------------------------------------------------
+
+
+def test_device_realloc_waits_for_the_stream():
+    check("device_realloc_waits_for_the_stream", "pinned")

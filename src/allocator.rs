@@ -604,6 +604,17 @@ pub fn reset_peaks() {
 
 // ---- the host malloc family (NumPy's contract) ---------------------------------------------
 
+/// malloc's fast path: a small block from this thread's cache of the host side's primary pool
+/// (the host side serves small blocks from it first), when no scope is open; None: use
+/// [`malloc`].
+#[inline(always)]
+pub fn malloc_cached(n: usize) -> Option<usize> {
+    if crate::scope::any_open() {
+        return None;
+    }
+    pool::alloc_cached(n)
+}
+
 /// malloc: `n` bytes, aligned; 0 yields a unique block.
 #[inline]
 pub fn malloc(n: usize) -> Result<usize> {
@@ -664,6 +675,16 @@ pub fn block_at(ptr: usize) -> Result<BlockInfo> {
     }
 }
 
+/// realloc's fast path: a small block of a host pool that keeps its size class is resized in
+/// place, counted in this thread's cache, when no scope is open. None: use [`realloc`].
+#[inline(always)]
+pub fn realloc_cached(ptr: usize, n: usize) -> Option<usize> {
+    if crate::scope::any_open() {
+        return None;
+    }
+    pool::resize_cached(ptr, n)
+}
+
 /// realloc: contents kept up to the smaller size, alignment kept; on failure the old block
 /// stays valid. `ptr == 0` is malloc.
 pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
@@ -677,28 +698,51 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
         )));
     }
     let stats = info.pool.stats;
+    let ordered = info.pool.is_stream_ordered();
     if let Some(at) = info.pool.resize_in_place(&info, n) {
-        if at != ptr {
-            crate::scope::on_move(ptr, at, n);
+        if ordered && n > info.size {
+            // The block may have grown over memory freed in its stream's order: the caller
+            // writes it from the host once realloc returns.
+            info.pool.host_wait();
         }
+        crate::scope::on_resize(ptr, at, n);
         stats.reallocs_in_place.fetch_add(1, Ordering::Relaxed);
         return Ok(at);
     }
-    let new = if info.pool.is_stream_ordered() {
-        info.pool.alloc(n)?.ptr
+    let new = if ordered {
+        // A retired stream's handle is never used again: the new block is the legacy default
+        // stream's, which orders with every blocking stream.
+        let pool = match get().and_then(|a| a.device_group(info.pool.device())) {
+            Some(g) if info.pool.is_retired() => g.pool_for(0)?,
+            _ => info.pool,
+        };
+        let new = pool.alloc(n)?.ptr;
+        // The copy below writes it from the host.
+        pool.host_wait();
+        new
     } else {
         instance()?.host.alloc(n)?.ptr
     };
     let kept = info.size.min(n);
     // SAFETY: both blocks are host-accessible, distinct, and at least this long.
     unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, new as *mut u8, kept) };
-    crate::scope::on_move(ptr, new, n);
+    crate::scope::on_resize(ptr, new, n);
     info.pool.free(ptr)?;
     stats.reallocs_copied.fetch_add(1, Ordering::Relaxed);
     stats
         .realloc_copied_bytes
         .fetch_add(kept as u64, Ordering::Relaxed);
     Ok(new)
+}
+
+/// free's fast path: a small block of a host pool back into this thread's cache, when no scope
+/// is open (host blocks are never deferred: that is device memory). None: use [`free`].
+#[inline(always)]
+pub fn free_cached(ptr: usize) -> Option<Result<()>> {
+    if crate::scope::any_open() {
+        return None;
+    }
+    pool::free_cached(ptr).map(|r| r.map(|_| ()))
 }
 
 /// free: any live block of ours; `ptr == 0` is a no-op.

@@ -73,17 +73,24 @@ impl HostPools {
     ) -> HostPools {
         let stats: &'static PoolStats = Box::leak(Box::new(PoolStats::default()));
         let primary = Pool::new_shared(backing, config.alignment, config.limit, retain, stats);
+        if side != HostSide::Managed {
+            // The malloc family's fast path serves small blocks from this pool's thread
+            // caches. Not for a managed host side: its fork() children must get the fallback.
+            primary.mark_host_primary();
+        }
         if side == HostSide::Pinned {
             primary.set_decay(PINNED_DECAY);
         }
         let fallback = matches!(side, HostSide::Pinned | HostSide::Managed).then(|| {
-            Pool::new_shared(
+            let fb = Pool::new_shared(
                 Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
                 config.alignment,
                 config.limit,
                 config.host_retain,
                 stats,
-            )
+            );
+            primary.share_limit_with(fb);
+            fb
         });
         let fork_share = if primary.backing().fork_shared() {
             Ok(())
@@ -242,6 +249,73 @@ mod tests {
             // SAFETY: forwarded.
             unsafe { self.inner.unmap(chunk) }
         }
+    }
+
+    /// Pinned host memory that refuses (as the cap does) while `refuse` is set.
+    struct Toggle {
+        inner: HostBacking,
+        refuse: &'static std::sync::atomic::AtomicBool,
+    }
+
+    impl Backing for Toggle {
+        fn kind(&self) -> Kind {
+            Kind::UMP_KIND_REGISTERED
+        }
+        fn device(&self) -> i32 {
+            -1
+        }
+        fn map(&self, size: usize) -> Result<Chunk> {
+            if self.refuse.load(Ordering::Relaxed) {
+                return Err(Error::unsupported("cap reached"));
+            }
+            self.inner.map(size)
+        }
+        unsafe fn unmap(&self, chunk: &Chunk) {
+            // SAFETY: forwarded.
+            unsafe { self.inner.unmap(chunk) }
+        }
+    }
+
+    /// Found by the two-pool model (issue 21): the primary and the fallback share the limit,
+    /// but an allocation the limit refused in one gave back only that pool's cache, so memory
+    /// the other cached made the allocation fail.
+    #[test]
+    fn the_limit_retry_gives_back_what_the_other_pool_caches() {
+        let config = Config {
+            host_retain: usize::MAX,
+            limit: Some(96 << 20),
+            ..Config::default()
+        };
+        let refuse: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(true)));
+        let h = HostPools::with_backing(
+            HostSide::Pinned,
+            Box::new(Toggle {
+                inner: HostBacking::new(Kind::UMP_KIND_HOST),
+                refuse,
+            }),
+            usize::MAX,
+            &config,
+        );
+        // Pinning refused: the fallback serves, and keeps the chunk cached once it is freed.
+        let a = h.alloc(40 << 20).unwrap().ptr;
+        assert_eq!(
+            crate::pool::lookup(a).unwrap().pool.kind(),
+            Kind::UMP_KIND_HOST
+        );
+        crate::pool::free_block(a).unwrap();
+        assert_eq!(h.fallback_usage().1, 40 << 20, "the fallback keeps it");
+        // Pinning works again: 80 MiB passes the limit beside the fallback's cache.
+        refuse.store(false, Ordering::Relaxed);
+        let b = h
+            .alloc(80 << 20)
+            .expect("the fallback's cache goes back before the limit refuses");
+        assert_eq!(
+            crate::pool::lookup(b.ptr).unwrap().pool.kind(),
+            Kind::UMP_KIND_REGISTERED
+        );
+        assert_eq!(h.fallback_usage().1, 0);
+        crate::pool::free_block(b.ptr).unwrap();
+        h.trim();
     }
 
     #[test]

@@ -92,6 +92,20 @@ pub fn reserve(start: usize, len: usize) -> bool {
     true
 }
 
+/// Leaves of the table that cover some of `[start, end)` (tests and diagnostics: a leaf is
+/// 512 KiB of address space, mapped once for every 4 GiB of addresses ever registered).
+pub fn leaves_in(start: usize, end: usize) -> usize {
+    let end = end.min(ADDR_LIMIT);
+    if start >= end {
+        return 0;
+    }
+    let (first, _) = split(start);
+    let (last, _) = split(end - 1);
+    (first..=last)
+        .filter(|&t| !TOP[t].load(Ordering::Acquire).is_null())
+        .count()
+}
+
 /// Point every granule of `[start, start+len)` at `value` (0 clears). `start` and `len` must
 /// be granule multiples and the range reserved ([`reserve`]) unless `value` is 0. Returns
 /// whether every granule was set (false only for a range that was not reserved).

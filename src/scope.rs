@@ -181,6 +181,12 @@ pub fn depth() -> usize {
     STACK.try_with(|s| s.0.borrow().len()).unwrap_or(0)
 }
 
+/// Whether any scope is open in the process (the allocation fast path's check).
+#[inline(always)]
+pub fn any_open() -> bool {
+    OPEN.load(Ordering::Relaxed) != 0
+}
+
 /// Scopes open in the process.
 pub fn open_count() -> usize {
     OPEN.load(Ordering::Relaxed)
@@ -246,8 +252,9 @@ fn on_free_slow(ptr: usize) {
     });
 }
 
-/// realloc moved the block at `old` to `new` (`n` bytes); it stays in its scope, if any.
-pub fn on_move(old: usize, new: usize, n: usize) {
+/// realloc resized the block at `old` to `n` bytes, now at `new` (`old` when in place); it
+/// stays in its scope, if any, with its new size.
+pub fn on_resize(old: usize, new: usize, n: usize) {
     if OPEN.load(Ordering::Relaxed) == 0 {
         return;
     }

@@ -307,6 +307,10 @@ impl StreamPools {
         {
             let _ = cuda::device_synchronize(self.device);
         }
+        if self.backing.kind() == crate::backing::Kind::UMP_KIND_MANAGED {
+            // No prefetch of the background migration may touch memory given back.
+            crate::migrate::quiesce(chunk.base, chunk.base + chunk.size);
+        }
         let phys = self.backing.physical(&chunk);
         // SAFETY: the chunk is wholly free, registered nowhere, and its stream's work is done.
         unsafe { self.backing.unmap(&chunk) };

@@ -16,7 +16,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 use ump_alloc::Status;
 use ump_alloc::backing::vmm::{OsPages, Space};
-use ump_alloc::backing::{Backing, HostBacking, Kind, VmmBacking};
+use ump_alloc::backing::{Backing, Chunk, Growth, HostBacking, Kind, RangeBook, VmmBacking};
 use ump_alloc::pool::{self, Pool, flush_thread_counts};
 use ump_alloc::stats::PoolStats;
 use ump_alloc::stream::{self, StreamPools};
@@ -190,7 +190,12 @@ enum Resize {
     By(i32),
     ToCap,
     BelowCap(u16),
+    /// A size no OS grants (past the user address space): refused, and nothing may change.
+    Huge(u8),
 }
+
+/// Sizes of `Resize::Huge`: 128 TiB, 192 TiB, 1 PiB.
+const HUGE: [usize; 3] = [1 << 47, 3 << 46, 1 << 50];
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -295,6 +300,7 @@ fn resize_how() -> impl Strategy<Value = Resize> {
         (-5000i32..5000).prop_map(Resize::By),
         Just(Resize::ToCap),
         (0u16..4096).prop_map(Resize::BelowCap),
+        any::<u8>().prop_map(Resize::Huge),
     ]
 }
 
@@ -351,6 +357,91 @@ fn lazy_space() -> &'static Space {
         4 << 30,
     )
 }
+/// Pinned-style host memory (the growth rules of registered host memory, without CUDA): a
+/// chunk of its own (half an arena or more) sits at the start of a reservation eight times its
+/// size and grows in place into it, the registry claiming the growth once its pages are
+/// usable; chunks never shrink (the pool gives a shrunk block's tail back to its free set).
+struct RoomBacking;
+
+impl Backing for RoomBacking {
+    fn kind(&self) -> Kind {
+        Kind::UMP_KIND_REGISTERED
+    }
+    fn device(&self) -> i32 {
+        -1
+    }
+    fn map(&self, size: usize) -> ump_alloc::Result<Chunk> {
+        let raw_size = if size >= ARENA / 2 { size * 8 } else { size };
+        // SAFETY: an anonymous reservation with no address hint.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                raw_size + GRANULE,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(ump_alloc::Error::oom("no address space"));
+        }
+        let base = (raw as usize).next_multiple_of(GRANULE);
+        let (head, tail) = (
+            base - raw as usize,
+            raw as usize + raw_size + GRANULE - base - raw_size,
+        );
+        // SAFETY: the unused ends of the reservation made above; then its first `size` bytes
+        // become usable.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((base + raw_size) as *mut libc::c_void, tail);
+            }
+            assert_eq!(
+                libc::mprotect(
+                    base as *mut libc::c_void,
+                    size,
+                    libc::PROT_READ | libc::PROT_WRITE
+                ),
+                0
+            );
+        }
+        Ok(Chunk {
+            base,
+            size,
+            raw: base,
+            raw_size,
+            advised: false,
+        })
+    }
+    unsafe fn unmap(&self, c: &Chunk) {
+        // SAFETY: the reservation of `map`, unused (the caller's contract).
+        unsafe { libc::munmap(c.raw as *mut libc::c_void, c.raw_size) };
+    }
+    fn fresh_is_zero(&self) -> bool {
+        true
+    }
+    unsafe fn grow(&self, c: &Chunk, size: usize, book: &mut dyn RangeBook) -> Growth {
+        if size <= c.size || c.base + size > c.raw + c.raw_size {
+            return Growth::Refused;
+        }
+        let ext = (c.base + c.size) as *mut libc::c_void;
+        // SAFETY: inside the chunk's reservation, past its usable part.
+        if unsafe { libc::mprotect(ext, size - c.size, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+            return Growth::Refused;
+        }
+        if !book.claim(c.base, size) {
+            // SAFETY: the extension made above, unused.
+            unsafe { libc::mprotect(ext, size - c.size, libc::PROT_NONE) };
+            return Growth::Refused;
+        }
+        Growth::Grown(Chunk { size, ..*c })
+    }
+}
+
 static POOLS: Mutex<Vec<(Key, &'static Pool)>> = Mutex::new(Vec::new());
 static GROUPS: Mutex<Vec<(Key, &'static StreamPools)>> = Mutex::new(Vec::new());
 
@@ -392,8 +483,11 @@ fn take_group(key: Key) -> &'static StreamPools {
 
 struct Harness {
     key: Key,
-    /// The pool under test (single-pool property).
-    pool: Option<&'static Pool>,
+    /// The pools under test (the pool-property's one, or the two-pool property's two, which
+    /// share their counters as the host side's primary and fallback pools do).
+    pools: Vec<&'static Pool>,
+    /// Whether the pools go back to `POOLS` for the next case when this one ends clean.
+    reusable: bool,
     /// The stream pools under test, the pool serving each stream as the model knows it, and
     /// the pools retired since.
     group: Option<&'static StreamPools>,
@@ -423,11 +517,13 @@ macro_rules! check {
 impl Drop for Harness {
     fn drop(&mut self) {
         if self.clean {
-            if let Some(p) = self.pool {
-                POOLS
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((self.key, p));
+            if self.reusable {
+                for &p in &self.pools {
+                    POOLS
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((self.key, p));
+                }
             }
             if let Some(g) = self.group {
                 GROUPS
@@ -443,7 +539,7 @@ impl Drop for Harness {
             let _ = pool::free_block(b.ptr);
         }
         self.live.clear();
-        if let Some(p) = self.pool {
+        for p in &self.pools {
             p.trim();
         }
         if let Some(g) = self.group {
@@ -459,25 +555,51 @@ impl Harness {
     fn for_pool(align: usize, retain: usize, limit: Option<usize>, lazy: bool) -> Self {
         let key = (align, retain, limit, lazy);
         let p = take_pool(key);
-        Self::new(key, Some(p), None, p.stats, limit)
+        Self::new(key, vec![p], None, p.stats, limit)
     }
 
     fn for_group(align: usize, retain: usize, limit: Option<usize>, lazy: bool) -> Self {
         let key = (align, retain, limit, lazy);
         let g = take_group(key);
-        Self::new(key, None, Some(g), g.stats, limit)
+        Self::new(key, Vec::new(), Some(g), g.stats, limit)
+    }
+
+    /// Two pools of the host side's shape: counters (and the limit) shared, plain host memory
+    /// (growing with mremap, moving when it must) and pinned-style memory (growing in place
+    /// into the room reserved with each chunk of its own). Made for the case, not reused.
+    fn for_two_pools(align: usize, retain: usize, limit: Option<usize>) -> Self {
+        let stats: &'static PoolStats = Box::leak(Box::new(PoolStats::default()));
+        let a = Pool::new_shared(
+            Box::new(HostBacking::new(Kind::UMP_KIND_HOST)),
+            align,
+            limit,
+            retain,
+            stats,
+        );
+        let b = Pool::new_shared(Box::new(RoomBacking), align, limit, retain, stats);
+        a.share_limit_with(b);
+        let mut h = Self::new(
+            (align, retain, limit, false),
+            vec![a, b],
+            None,
+            stats,
+            limit,
+        );
+        h.reusable = false;
+        h
     }
 
     fn new(
         key: Key,
-        pool: Option<&'static Pool>,
+        pools: Vec<&'static Pool>,
         group: Option<&'static StreamPools>,
         stats: &'static PoolStats,
         limit: Option<usize>,
     ) -> Self {
         let h = Harness {
             key,
-            pool,
+            reusable: true,
+            pools,
             group,
             active: HashMap::new(),
             retired: Vec::new(),
@@ -521,11 +643,12 @@ impl Harness {
         self.live.values().nth(i.index(self.live.len())).copied()
     }
 
-    /// The pool of `STREAMS[i]` (the pool, for the single-pool property).
+    /// The pool of `STREAMS[i]`; for the pool properties, one of their pools.
     fn handle(&mut self, i: Index) -> &'static Pool {
-        match self.pool {
-            Some(p) => p,
-            None => self.handle_of(STREAMS[i.index(STREAMS.len())]),
+        if self.pools.is_empty() {
+            self.handle_of(STREAMS[i.index(STREAMS.len())])
+        } else {
+            self.pools[i.index(self.pools.len())]
         }
     }
 
@@ -570,9 +693,9 @@ impl Harness {
     fn via(&mut self, via: Via, owner: Option<&'static Pool>) -> Option<&'static Pool> {
         match via {
             Via::Global => None,
-            Via::Owner => Some(match (owner, self.pool) {
+            Via::Owner => Some(match (owner, self.pools.first()) {
                 (Some(o), _) => o,
-                (None, Some(p)) => p,
+                (None, Some(&p)) => p,
                 (None, None) => self.handle_of(STREAMS[0]),
             }),
             Via::Stream(i) => Some(self.handle(i)),
@@ -581,7 +704,7 @@ impl Harness {
 
     /// Whether `p` is the pool under test or one of the group's.
     fn ours(&self, p: &Pool) -> bool {
-        self.pool.is_some_and(|q| std::ptr::eq(q, p))
+        self.pools.iter().any(|q| std::ptr::eq(*q, p))
             || self
                 .group
                 .is_some_and(|g| g.pools().iter().any(|q| std::ptr::eq(*q, p)))
@@ -843,7 +966,9 @@ impl Harness {
             Resize::By(d) => (b.n as i64 + d as i64).clamp(0, 64 * MIB as i64) as usize,
             Resize::ToCap => b.cap,
             Resize::BelowCap(k) => b.cap.saturating_sub(k as usize),
+            Resize::Huge(k) => HUGE[k as usize % HUGE.len()],
         };
+        let huge = matches!(how, Resize::Huge(_));
         let info = pool::lookup(b.ptr).expect("checked live");
         let t = b.pool.classes();
         // Small blocks stay in their class; large ones shrink in place always and grow in
@@ -853,14 +978,27 @@ impl Harness {
         } else {
             !is_small(n) && n.next_multiple_of(GRANULE) <= b.cap
         };
-        let may = must || (!is_small(b.cap) && !is_small(n));
+        let may = !huge && (must || (!is_small(b.cap) && !is_small(n)));
         let in_use0 = self.in_use();
+        let report0 = b.pool.report();
         let got = b.pool.resize_in_place(&info, n);
         check!(
             self,
             got.is_some() == must || (got.is_some() && may),
             "resize_in_place({b:x?}, {n}) = {got:x?}, expected in place: {must} (may: {may})"
         );
+        if got.is_none() && !self.key.3 {
+            // A refused resize changes nothing: not the free memory around the block, not
+            // what is mapped or reserved. (A lazily committed pool may have purged free pages
+            // on its way to the refusal.)
+            let report = b.pool.report();
+            check!(
+                self,
+                report == report0,
+                "a refused resize_in_place({b:x?}, {n}) changed the pool: {report0:?} -> \
+                 {report:?}"
+            );
+        }
         let keep = b.n.min(n);
         if let Some(at) = got {
             check!(
@@ -908,6 +1046,10 @@ impl Harness {
             self.in_use() == in_use0,
             "a refused resize changed in_use"
         );
+        if huge {
+            // realloc would be refused too: the allocation it falls back to cannot be made.
+            return;
+        }
         // Not in place: what realloc does (a new block, the contents copied, the old freed).
         let Some(new) = self.alloc(b.pool, n) else {
             return;
@@ -928,18 +1070,18 @@ impl Harness {
 
     fn trim(&mut self) {
         let m0 = self.mapped();
-        let (given, cached) = match (self.pool, self.group) {
-            (Some(p), _) => {
-                let r = p.trim();
+        let (given, cached) = match self.group {
+            None => {
+                let r: usize = self.pools.iter().map(|p| p.trim()).sum();
                 let m = self.mapped();
                 check!(
                     self,
                     m0 - m == r,
                     "trim reports {r} but mapped went {m0} -> {m}"
                 );
-                (r, p.cached_bytes())
+                (r, self.pools.iter().map(|p| p.cached_bytes()).sum())
             }
-            (None, Some(g)) => {
+            Some(g) => {
                 let r = g.trim();
                 let m = self.mapped();
                 check!(
@@ -949,7 +1091,6 @@ impl Harness {
                 );
                 (r, g.cached_bytes())
             }
-            (None, None) => unreachable!(),
         };
         if self.live.is_empty() {
             let m = self.mapped();
@@ -1077,8 +1218,8 @@ impl Harness {
         ooms.dedup();
         for n in ooms.into_iter().take(8) {
             self.step = format!("finish: alloc({n}) again after an OOM");
-            let p = match self.pool {
-                Some(p) => p,
+            let p = match self.pools.first() {
+                Some(&p) => p,
                 None => self.handle_of(0),
             };
             let b = self.alloc(p, n);
@@ -1188,6 +1329,23 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(64), ..ProptestConfig::default() })]
+
+    /// Two host pools with shared counters and limit (the host side's primary and fallback),
+    /// one of plain host memory, one pinned-style: blocks in both, frees through the wrong
+    /// pool, growth that moves or grows chunks in place and refused growth, with every lookup
+    /// of either pool's blocks checked after each step.
+    #[test]
+    fn two_pools_match_model(
+        (align, retain, limit, _lazy) in setup(),
+        ops in prop::collection::vec(op(false), 50..=400),
+    ) {
+        let _serial = serial();
+        in_fresh_thread(move || Harness::for_two_pools(align, retain, limit).run(&ops));
+    }
+}
+
 // ---- regressions found by the fuzzer ---------------------------------------------------------
 
 /// The minimal sequence behind the first failure the fuzzer found: a span that served as a
@@ -1199,7 +1357,7 @@ fn large_block_over_a_released_slab_is_not_reported_zeroed() {
     let _serial = serial();
     in_fresh_thread(|| {
         let mut h = Harness::for_pool(512, usize::MAX, None, false);
-        let p = h.pool.expect("pool");
+        let p = h.pools[0];
         h.step = "alloc(1 MiB): keeps the arena mapped".into();
         h.alloc(p, MIB).expect("alloc");
         h.step = "alloc(100): a slab cut from the same arena, filled".into();

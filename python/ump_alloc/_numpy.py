@@ -160,6 +160,20 @@ def _install_dispatch() -> None:
     _dispatch_installed = True
 
 
+def _keep_errstate_lookups_cached() -> None:
+    """Set NumPy's error state to what it is, in this thread's context.
+
+    Setting the handler puts a ContextVar into the thread's context; from then on NumPy's
+    look-up of its error state (another ContextVar, read by every ufunc call) misses the
+    interpreter's cache whenever that variable was never set in the context, and walks the
+    context's map instead: measured with callgrind, 120 instead of 27 instructions per ufunc
+    call, about 1.5 % of a loop of small-array arithmetic (issue 21). Set, it is found and
+    cached like the handler. The values do not change."""
+    import numpy
+
+    numpy.seterr(**numpy.geterr())
+
+
 def install(threads: bool = True) -> None:
     """Make ump-alloc NumPy's allocator in this thread and, with ``threads``, in every thread
     that has not set a handler of its own (existing ones too)."""
@@ -168,6 +182,7 @@ def install(threads: bool = True) -> None:
     if threads:
         _install_dispatch()
     _previous.append(_set(cap))
+    _keep_errstate_lookups_cached()
     if threads:
         _dispatch_users += 1
         _lib.check(_lib.lib().ump_numpy_dispatch_set(True), "ump_numpy_dispatch_set")

@@ -71,6 +71,33 @@ pub struct Chunk {
     pub advised: bool,
 }
 
+/// The pool's side of a chunk that changes size ([`Backing::grow`], [`Backing::shrink`]): its
+/// registry entries, which must never name a range the OS has not granted, nor outlive one the
+/// OS took back (another pool may map it at once and register its own blocks there).
+pub trait RangeBook {
+    /// The OS granted `[base, base+len)` to the chunk: make its registry entries ready (the one
+    /// fallible step: leaves of the radix table are mapped). False: no memory for them.
+    fn claim(&mut self, base: usize, len: usize) -> bool;
+    /// `[base, base+len)` is about to go back to the OS (or the chunk's pages move away from
+    /// it): clear its entries now.
+    fn leave(&mut self, base: usize, len: usize);
+    /// A range given up with [`leave`](Self::leave) stays after all (the change failed).
+    fn stay(&mut self, base: usize, len: usize);
+}
+
+/// What [`Backing::grow`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Growth {
+    /// The chunk as it is now (its base may have moved).
+    Grown(Chunk),
+    /// Nothing changed.
+    Refused,
+    /// The chunk kept its size, place and bytes, but is no longer the backing's kind of memory
+    /// (pinned memory whose registration could not be restored): the pool hands out none of
+    /// it again and gives it back as soon as its block is freed.
+    Degraded,
+}
+
 /// A source of chunks.
 pub trait Backing: Send + Sync {
     /// The kind of every block carved from this backing.
@@ -110,29 +137,31 @@ pub trait Backing: Send + Sync {
     // ---- growth in place (realloc) --------------------------------------------------------
 
     /// Grow `chunk` to `size` bytes keeping its contents, without copying: in place, or by
-    /// moving its pages to a new address (`mremap`). `ready(base, size)` is called with the
-    /// range the chunk is about to occupy before anything changes (the pool reserves registry
-    /// entries there); when it returns false nothing changes. Returns the chunk as it is now
-    /// (`base` may differ), or None when the backing cannot (the chunk is then unchanged).
+    /// moving its pages to a new address (`mremap`). The registry follows through `book`: a
+    /// range is claimed only once the OS has granted it (when the claim fails the backing
+    /// undoes the growth), and a range the chunk gives up is left before the OS takes it back
+    /// (and stays after all if the growth then fails). Returns the chunk as it is now (`base`
+    /// may differ), [`Growth::Refused`] when nothing changed, or [`Growth::Degraded`].
     ///
     /// # Safety
     /// `chunk` came from `map` on this backing and holds one live block, which nothing
     /// touches during the call; when the base moves, its old addresses are gone.
-    unsafe fn grow(
-        &self,
-        _chunk: &Chunk,
-        _size: usize,
-        _ready: &mut dyn FnMut(usize, usize) -> bool,
-    ) -> Option<Chunk> {
-        None
+    unsafe fn grow(&self, _chunk: &Chunk, _size: usize, _book: &mut dyn RangeBook) -> Growth {
+        Growth::Refused
     }
 
-    /// Shrink `chunk` to `size` bytes in place, giving the rest back. Returns the chunk as it
-    /// is now, or None when the backing keeps it whole.
+    /// Shrink `chunk` to `size` bytes in place, giving the rest back (left in `book` first).
+    /// Returns the chunk as it is now, or None when the backing keeps it whole (then nothing
+    /// was left).
     ///
     /// # Safety
     /// `chunk` came from `map` on this backing and nothing uses its bytes past `size`.
-    unsafe fn shrink(&self, _chunk: &Chunk, _size: usize) -> Option<Chunk> {
+    unsafe fn shrink(
+        &self,
+        _chunk: &Chunk,
+        _size: usize,
+        _book: &mut dyn RangeBook,
+    ) -> Option<Chunk> {
         None
     }
 
@@ -234,12 +263,14 @@ impl Backing for HostBacking {
             os::advise_hugepage(ptr as *mut u8, size);
         }
     }
-    unsafe fn shrink(&self, chunk: &Chunk, size: usize) -> Option<Chunk> {
+    unsafe fn shrink(&self, chunk: &Chunk, size: usize, book: &mut dyn RangeBook) -> Option<Chunk> {
         if chunk.raw != chunk.base || chunk.raw_size != chunk.size || size >= chunk.size {
             return None;
         }
         let tail = NonNull::new((chunk.base + size) as *mut u8)?;
-        // SAFETY: the end of a whole mapping of ours, unused (the caller's contract).
+        book.leave(chunk.base + size, chunk.size - size);
+        // SAFETY: the end of a whole mapping of ours, unused (the caller's contract), and no
+        // longer registered.
         unsafe { os::unmap(tail, chunk.size - size) };
         Some(Chunk {
             size,
@@ -248,42 +279,55 @@ impl Backing for HostBacking {
         })
     }
     /// In place when the address space after the chunk is free, else the pages move to a new
-    /// range (glibc's realloc does the same for its large blocks): never a copy.
-    unsafe fn grow(
-        &self,
-        chunk: &Chunk,
-        size: usize,
-        ready: &mut dyn FnMut(usize, usize) -> bool,
-    ) -> Option<Chunk> {
+    /// range (glibc's realloc does the same for its large blocks): never a copy. The new range
+    /// is a fresh mapping of the new size first, so the OS says whether it grants that much
+    /// memory (as it does for `ump_malloc` of the same size) before anything is registered.
+    unsafe fn grow(&self, chunk: &Chunk, size: usize, book: &mut dyn RangeBook) -> Growth {
         if chunk.raw != chunk.base || chunk.raw_size != chunk.size || size <= chunk.size {
-            return None;
+            return Growth::Refused;
         }
-        let old = NonNull::new(chunk.base as *mut u8)?;
+        let Some(old) = NonNull::new(chunk.base as *mut u8) else {
+            return Growth::Refused;
+        };
         let grown = |base: usize| {
             self.advise_block(base, size);
-            Chunk {
+            Growth::Grown(Chunk {
                 base,
                 size,
                 raw: base,
                 raw_size: size,
                 advised: size >= HUGEPAGE_MIN,
-            }
+            })
         };
         // SAFETY: the chunk is a whole mapping of ours (map_aligned); forwarded contract.
-        if ready(chunk.base, size) && unsafe { os::remap_in_place(old, chunk.size, size) } {
-            return Some(grown(chunk.base));
+        if unsafe { os::remap_in_place(old, chunk.size, size) } {
+            if book.claim(chunk.base, size) {
+                return grown(chunk.base);
+            }
+            let ext = NonNull::new((chunk.base + chunk.size) as *mut u8).expect("past a mapping");
+            // SAFETY: the growth just made, unused and unregistered.
+            unsafe { os::unmap(ext, size - chunk.size) };
+            return Growth::Refused;
         }
-        let dest = os::reserve(size, GRANULE)?;
-        // SAFETY: `dest` is a reservation of ours; on success the old range is gone, which
-        // the caller's contract allows.
-        if ready(dest.as_ptr() as usize, size)
-            && unsafe { os::remap_into(old, chunk.size, size, dest) }
-        {
-            return Some(grown(dest.as_ptr() as usize));
+        let Some(dest) = os::map_aligned(size, GRANULE) else {
+            return Growth::Refused;
+        };
+        let at = dest.as_ptr() as usize;
+        if !book.claim(at, size) {
+            // SAFETY: the mapping made above, unused.
+            unsafe { os::unmap(dest, size) };
+            return Growth::Refused;
         }
-        // SAFETY: the reservation made above, unused.
-        unsafe { os::unmap(dest, size) };
-        None
+        book.leave(chunk.base, chunk.size);
+        // SAFETY: `dest` is a mapping of ours that the move replaces; on success the old range
+        // is gone, which the caller's contract allows.
+        if unsafe { os::remap_into(old, chunk.size, size, dest) } {
+            return grown(at);
+        }
+        book.stay(chunk.base, chunk.size);
+        // SAFETY: the destination made above; the block stayed in the old range.
+        unsafe { os::release_after_failed_remap(dest, size) };
+        Growth::Refused
     }
 }
 

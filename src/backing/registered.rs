@@ -1,7 +1,7 @@
 //! Pinned host memory: host pages registered with CUDA (cuMemHostRegister, portable and mapped)
 //! at the same address on every device, and the process-wide cap on it.
 
-use super::{Backing, Chunk, HUGEPAGE_MIN, Kind};
+use super::{Backing, Chunk, Growth, HUGEPAGE_MIN, Kind, RangeBook};
 use crate::error::{Error, Result};
 use crate::prim::{cuda, os};
 use crate::registry::GRANULE;
@@ -198,26 +198,24 @@ impl Backing for RegisteredBacking {
     /// Into the chunk's room (see `map`): the new pages are made usable and the whole range is
     /// registered again (a copy may not span two registrations: the driver refuses it with
     /// CUDA_ERROR_INVALID_VALUE, measured on the lent H100). Never moves.
-    unsafe fn grow(
-        &self,
-        chunk: &Chunk,
-        size: usize,
-        ready: &mut dyn FnMut(usize, usize) -> bool,
-    ) -> Option<Chunk> {
+    unsafe fn grow(&self, chunk: &Chunk, size: usize, book: &mut dyn RangeBook) -> Growth {
         let room = chunk.raw + chunk.raw_size;
         if chunk.raw != chunk.base || size <= chunk.size || chunk.base + size > room {
-            return None;
+            return Growth::Refused;
         }
         if self.register && !cuda::available() {
-            return None;
+            return Growth::Refused;
         }
         let delta = size - chunk.size;
         let cap = PINNED_CAP.load(Ordering::Relaxed);
-        PINNED
+        if PINNED
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |p| {
                 p.checked_add(delta).filter(|&t| t <= cap)
             })
-            .ok()?;
+            .is_err()
+        {
+            return Growth::Refused;
+        }
         let ext = (chunk.base + chunk.size) as *mut u8;
         let undo = || {
             if self.shared {
@@ -229,50 +227,62 @@ impl Backing for RegisteredBacking {
             }
             PINNED.fetch_sub(delta, Ordering::Relaxed);
         };
-        let made = |ext: *mut u8| {
-            if self.shared {
-                super::shared::extend(chunk.base, chunk.size, size)
-            } else {
-                os::commit(ext, delta)
-            }
-        };
         // Why realloc copies after all, for `ump_last_error()` (not an error: the caller copies).
         let why = |what: &str| crate::error::set_last(&format!("realloc in place: {what}"));
-        if !ready(chunk.base, size) || !made(ext) {
-            why("no memory for the registry entries or the pages of the growth");
+        let made = if self.shared {
+            super::shared::extend(chunk.base, chunk.size, size)
+        } else {
+            os::commit(ext, delta)
+        };
+        if !made {
+            why("no memory for the pages of the growth");
             PINNED.fetch_sub(delta, Ordering::Relaxed);
-            return None;
+            return Growth::Refused;
+        }
+        // The registry claims the range only once the OS has granted it.
+        if !book.claim(chunk.base, size) {
+            why("no memory for the registry entries of the growth");
+            undo();
+            return Growth::Refused;
         }
         if size >= HUGEPAGE_MIN {
             os::advise_hugepage(chunk.base as *mut u8, size);
         }
+        let grown = Chunk {
+            size,
+            advised: size >= HUGEPAGE_MIN,
+            ..*chunk
+        };
         if !self.register {
-            return Some(Chunk {
-                size,
-                advised: size >= HUGEPAGE_MIN,
-                ..*chunk
-            });
+            return Growth::Grown(grown);
         }
         // SAFETY: the chunk was registered by `map` (or an earlier grow) at its base, and its
         // one live block is not used by the device during a realloc (the caller's contract).
         if let Err(e) = unsafe { cuda::unregister(chunk.base, self.device) } {
             why(&e.msg);
             undo();
-            return None;
+            return Growth::Refused;
         }
         // SAFETY: `[base, base+size)` is mapped and ours.
         if let Err(e) = unsafe { cuda::register(chunk.base, size, self.device) } {
-            why(&e.msg);
-            // SAFETY: as above, the range it had before.
-            let _ = unsafe { cuda::register(chunk.base, chunk.size, self.device) };
             undo();
-            return None;
+            // SAFETY: as above, the range it had before.
+            return match unsafe { cuda::register(chunk.base, chunk.size, self.device) } {
+                Ok(()) => {
+                    why(&e.msg);
+                    Growth::Refused
+                }
+                Err(again) => {
+                    why(&format!(
+                        "{}; registering the old range again failed too ({}): the chunk is \
+                         given back once its block is freed",
+                        e.msg, again.msg
+                    ));
+                    Growth::Degraded
+                }
+            };
         }
-        Some(Chunk {
-            size,
-            advised: size >= HUGEPAGE_MIN,
-            ..*chunk
-        })
+        Growth::Grown(grown)
     }
 }
 

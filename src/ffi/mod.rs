@@ -32,24 +32,40 @@ fn install_panic_hook() {
 /// Run `f`; if it panics, record an internal error for `name` and return `on_panic`.
 #[inline]
 pub(crate) fn guard<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
-    PANIC_HOOK.call_once(install_panic_hook);
+    if !PANIC_HOOK.is_completed() {
+        first_call();
+    }
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            // Rust's own panic messages may already start with "internal error: ".
-            let what = what.strip_prefix("internal error: ").unwrap_or(&what);
-            error::report(&Error::new(
-                Status::UMP_ERR_INTERNAL,
-                format!("{name}: internal error (a bug in ump-alloc, please report it): {what}"),
-            ));
+            panicked(name, payload);
             on_panic
         }
     }
+}
+
+/// The first call through the boundary: install the panic hook (out of the hot path).
+#[cold]
+#[inline(never)]
+fn first_call() {
+    PANIC_HOOK.call_once(install_panic_hook);
+}
+
+/// A panic reached the boundary of entry point `name`: record it as an internal error.
+#[cold]
+#[inline(never)]
+fn panicked(name: &str, payload: Box<dyn std::any::Any + Send>) {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    // Rust's own panic messages may already start with "internal error: ".
+    let what = what.strip_prefix("internal error: ").unwrap_or(&what);
+    error::report(&Error::new(
+        Status::UMP_ERR_INTERNAL,
+        format!("{name}: internal error (a bug in ump-alloc, please report it): {what}"),
+    ));
 }
 
 /// Report `e` for entry point `name` and return its status as a C int.

@@ -25,9 +25,21 @@ fn out(name: &str, r: crate::error::Result<usize>) -> *mut c_void {
 /// `ump_last_error()`) when memory or the configuration fails.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_malloc(size: usize) -> *mut c_void {
-    guard("ump_malloc", null_mut(), || {
-        out("ump_malloc", allocator::malloc(size))
-    })
+    guard(
+        "ump_malloc",
+        null_mut(),
+        || match allocator::malloc_cached(size) {
+            Some(p) => p as *mut c_void,
+            None => malloc_full(size),
+        },
+    )
+}
+
+/// `ump_malloc` past its fast path (kept out of line, so the fast path's frame stays small).
+#[cold]
+#[inline(never)]
+fn malloc_full(size: usize) -> *mut c_void {
+    out("ump_malloc", allocator::malloc(size))
 }
 
 /// Allocate `nelem * elsize` zeroed bytes, aligned. Returns NULL with errno ENOMEM when the
@@ -45,9 +57,21 @@ pub extern "C" fn ump_calloc(nelem: usize, elsize: usize) -> *mut c_void {
 /// (NULL, error counted) and left alone.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_realloc(ptr: *mut c_void, new_size: usize) -> *mut c_void {
-    guard("ump_realloc", null_mut(), || {
-        out("ump_realloc", allocator::realloc(ptr as usize, new_size))
-    })
+    guard(
+        "ump_realloc",
+        null_mut(),
+        || match allocator::realloc_cached(ptr as usize, new_size) {
+            Some(p) => p as *mut c_void,
+            None => realloc_full(ptr as usize, new_size),
+        },
+    )
+}
+
+/// `ump_realloc` past its fast path (out of line, as `malloc_full`).
+#[cold]
+#[inline(never)]
+fn realloc_full(ptr: usize, new_size: usize) -> *mut c_void {
+    out("ump_realloc", allocator::realloc(ptr, new_size))
 }
 
 /// Free the block at `ptr`. `size` is the size NumPy allocated; it is not needed and not
@@ -57,10 +81,27 @@ pub extern "C" fn ump_realloc(ptr: *mut c_void, new_size: usize) -> *mut c_void 
 pub extern "C" fn ump_free(ptr: *mut c_void, size: usize) {
     guard("ump_free", (), || {
         let _ = size;
-        if let Err(e) = allocator::free(ptr as usize) {
-            error::report(&e.context("ump_free"));
+        match allocator::free_cached(ptr as usize) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => free_failed(e),
+            None => free_full(ptr as usize),
         }
     })
+}
+
+/// `ump_free` past its fast path (kept out of line, as `malloc_full`).
+#[cold]
+#[inline(never)]
+fn free_full(ptr: usize) {
+    if let Err(e) = allocator::free(ptr) {
+        free_failed(e);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn free_failed(e: error::Error) {
+    error::report(&e.context("ump_free"));
 }
 
 #[cfg(test)]

@@ -719,27 +719,26 @@ pub unsafe extern "C" fn ump_device_memory_info(
 /// (`ump_alloc`'s CuPy integration does this for CuPy streams): ump-alloc records one last
 /// event on it and never uses the handle again, so blocks freed later stay stream-ordered and
 /// a new stream that gets the same handle starts afresh. Returns `UMP_OK` (also when ump-alloc
-/// never saw the stream); `UMP_ERR_INVALID` for an unknown device.
+/// never saw the stream); `UMP_ERR_INVALID` for an unknown device (a negative number other than
+/// -1, or one this machine does not have), also before the first allocation.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_stream_retire(device: c_int, stream: *mut c_void) -> c_int {
     status("ump_stream_retire", || {
+        // The device is checked first, whether or not the allocator was initialised: -1 is
+        // every device, any other negative number or a device past the machine's is refused.
+        let count = allocator::caps().devices.len();
+        if device < -1 || usize::try_from(device).is_ok_and(|d| d >= count) {
+            return Err(Error::invalid(format!(
+                "no CUDA device {device} (this machine has {count}; -1 means every device)"
+            )));
+        }
         let Some(a) = allocator::get() else {
             return Ok(());
         };
-        if device < 0 {
-            for g in a.device_groups() {
+        for g in a.device_groups() {
+            if device == -1 || g.device() == device {
                 g.retire(stream as usize);
             }
-            return Ok(());
-        }
-        let Some(gpu) = a.gpu_if_chosen() else {
-            return Ok(()); // no device side yet: no stream was used
-        };
-        if usize::try_from(device).map_or(true, |d| d >= gpu.caps.devices.len()) {
-            return Err(Error::invalid(format!("no CUDA device {device}")));
-        }
-        if let Some(g) = a.device_groups().into_iter().find(|g| g.device() == device) {
-            g.retire(stream as usize);
         }
         Ok(())
     })

@@ -46,6 +46,7 @@ impl Pool {
                 if let (Some(o), Some(d)) = (oldest, decay) {
                     self.set_decay_due(o + d);
                 }
+                self.set_over_retain(true);
                 return;
             } else if let Some(old) = lg.quick.pop_front() {
                 self.uncache(lg, old);
@@ -53,6 +54,7 @@ impl Pool {
                 break;
             }
         }
+        self.set_over_retain(lg.free_bytes + lg.quick_bytes > budget);
         self.clear_decay_due();
     }
 
@@ -184,6 +186,10 @@ impl Pool {
     pub(super) fn release_chunk(&'static self, lg: &mut Large, sp: &'static Span) -> usize {
         let start = sp.start();
         self.forget_discards(lg, start, start + sp.len());
+        if self.kind == Kind::UMP_KIND_MANAGED {
+            // No prefetch of the background migration may touch memory given back.
+            crate::migrate::quiesce(start, start + sp.len());
+        }
         let chunk = self.detach_chunk(lg, sp);
         if let Some(ev) = lg.take_event(start) {
             if ev.wait().is_err() {

@@ -89,6 +89,18 @@ impl ClassTable {
         self.lookup[(n + MIN_SLOT - 1) >> MIN_SHIFT] as usize
     }
 
+    /// [`class_of`](Self::class_of) without the bounds check (the allocation fast path).
+    ///
+    /// # Safety
+    /// `n <= SMALL_MAX`: the lookup table covers exactly those sizes.
+    #[inline(always)]
+    pub(super) unsafe fn class_of_unchecked(&self, n: usize) -> usize {
+        debug_assert!(n <= SMALL_MAX);
+        // SAFETY: `n <= SMALL_MAX` (the caller's contract), and the table has an entry for
+        // every `ceil(n / MIN_SLOT)` up to `SMALL_MAX / MIN_SLOT`.
+        unsafe { *self.lookup.get_unchecked((n + MIN_SLOT - 1) >> MIN_SHIFT) as usize }
+    }
+
     pub fn size(&self, ci: usize) -> usize {
         self.sizes[ci]
     }

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::prim::cuda;
 use crate::registry::{self, GRANULE};
 use crate::stats::PoolStats;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod chunk;
@@ -49,6 +49,17 @@ pub use residency::mark_away;
 use slab::{ClassState, Slab};
 use span::{Large, Span};
 pub use tcache::flush_thread_counts;
+
+/// The host side's small-block fast path: `n` bytes (counted in use) from this thread's cache
+/// of the host side's primary pool, if it holds a slot of `n`'s class; None sends the caller
+/// to the full path (no cache yet, another pool's cache, an empty bin, a large request).
+#[inline(always)]
+pub fn alloc_cached(n: usize) -> Option<usize> {
+    if n > SMALL_MAX {
+        return None;
+    }
+    tcache::alloc_primary(n)
+}
 pub(crate) use tcache::{
     fork_child as tcache_fork_child, fork_parent as tcache_fork_parent,
     fork_prepare as tcache_fork_prepare,
@@ -169,6 +180,10 @@ pub struct Pool {
     retain: usize,
     /// Bytes of wholly free slabs kept for reuse (part of what `retain` bounds).
     kept_slabs: AtomicUsize,
+    /// The free memory the pool holds is above `retain` and nothing could go back at the last
+    /// look (`enforce_retain`): free spans sit in chunks that something pins. A slot cached
+    /// by a thread whose slab holds no live block may be what pins one (see `tcache`).
+    over_retain: AtomicBool,
     /// Stream-ordered pools (no thread cache): per class, the last freed slot, kept out of its
     /// slab so that an alloc+free pair on one stream takes one atomic swap each and no lock.
     /// See `slab.rs` (`take_hot`, `put_hot`, `drain_hot`).
@@ -187,6 +202,12 @@ pub struct Pool {
     /// Freed blocks a fork child may still read are held back (pages shared with fork
     /// children: see `hold`).
     fork_hold: std::sync::atomic::AtomicBool,
+    /// The pool that shares this one's counters and limit, if any (`share_limit_with`).
+    peer: std::sync::OnceLock<&'static Pool>,
+    /// The host side's primary pool (`mark_host_primary`): the pool small allocations of the
+    /// malloc family are served from first, which the allocation fast path serves from its
+    /// thread caches (`tcache::alloc_cached`).
+    host_primary: AtomicBool,
 }
 
 /// The clock `decay_due` counts from.
@@ -229,11 +250,36 @@ pub fn free_block(ptr: usize) -> Result<usize> {
             let n = sp.pool.free_large(sp, ptr)?;
             sp.pool.stats.frees.fetch_add(1, Ordering::Relaxed);
             sp.pool.stats.sub_in_use(n);
+            if sp.pool.over_retain() {
+                sp.pool.release_pinning();
+            }
             Ok(n)
         }
         None => Err(Error::not_ours(format!(
             "{ptr:#x} was not allocated by ump-alloc"
         ))),
+    }
+}
+
+/// The host side's small-block free fast path: free the block at `ptr` into this thread's
+/// cache when it is a slot of a pool this thread caches for. None: not handled, nothing
+/// changed (use `free_block`); else what `free_block` would give.
+#[inline(always)]
+pub fn free_cached(ptr: usize) -> Option<Result<usize>> {
+    match entry_at(ptr)? {
+        Entry::Slab(s) => s.pool.free_cached(s, ptr),
+        Entry::Span(_) => None,
+    }
+}
+
+/// The host side's realloc fast path: the small block at `ptr` resized in place to `n` bytes
+/// when `n` falls in its size class, counted in this thread's cache of its pool. None: not
+/// handled, nothing changed (use the full realloc).
+#[inline(always)]
+pub fn resize_cached(ptr: usize, n: usize) -> Option<usize> {
+    match entry_at(ptr)? {
+        Entry::Slab(s) => s.pool.resize_cached(s, ptr, n),
+        Entry::Span(_) => None,
     }
 }
 
@@ -333,6 +379,7 @@ impl Pool {
             limit,
             retain,
             kept_slabs: AtomicUsize::new(0),
+            over_retain: AtomicBool::new(false),
             hot,
             unmapped: AtomicUsize::new(0),
             decay_ms: AtomicU64::new(0),
@@ -340,6 +387,8 @@ impl Pool {
             page,
             purge_due: AtomicU64::new(0),
             fork_hold,
+            peer: std::sync::OnceLock::new(),
+            host_primary: AtomicBool::new(false),
         }))
     }
 
@@ -410,9 +459,52 @@ impl Pool {
         self.group.is_some()
     }
 
+    /// Whether the pool held more free memory than `retain` allows at its last look, with
+    /// nothing it could give back (see `enforce_retain`).
+    #[inline]
+    pub(crate) fn over_retain(&self) -> bool {
+        self.over_retain.load(Ordering::Relaxed)
+    }
+
+    /// The pool holds more free memory than `retain` allows and could give none back: what
+    /// may pin its chunks goes back to the spans (slots cached for slabs with no live block,
+    /// then kept empty slabs), so that the chunks can go. The caller holds no lock of the pool.
+    #[cold]
+    pub(super) fn release_pinning(&'static self) {
+        tcache::release_dead(self);
+        if self.over_retain() {
+            self.release_empty_slabs();
+        }
+    }
+
+    fn set_over_retain(&self, over: bool) {
+        if self.over_retain.load(Ordering::Relaxed) != over {
+            self.over_retain.store(over, Ordering::Relaxed);
+        }
+    }
+
     /// Whether freed memory must be fenced with events before another stream uses it.
     fn ordered(&self) -> bool {
         self.group.is_some_and(|g| g.ordered())
+    }
+
+    /// Wait on the host for the work queued on this pool's stream (a retired stream: for its
+    /// retire event), before the host writes memory the pool handed out: a stream-ordered pool
+    /// hands out memory freed in its stream's order, which kernels queued before the free may
+    /// still use. Nothing for pools whose reuse is not ordered by events.
+    pub(crate) fn host_wait(&'static self) {
+        if !self.ordered() {
+            return;
+        }
+        let waited = if self.is_retired() {
+            let fence = lock(&self.retire_event).clone();
+            fence.is_none_or(|ev| ev.wait().is_ok())
+        } else {
+            cuda::stream_synchronize(self.stream(), self.device).is_ok()
+        };
+        if !waited {
+            let _ = cuda::device_synchronize(self.device);
+        }
     }
 
     #[inline]
@@ -512,7 +604,10 @@ impl Pool {
     }
 
     /// Everything an out-of-memory retry may give back first: the device's idle memory of
-    /// every stream for a stream-ordered pool, this pool's whole cache otherwise.
+    /// every stream for a stream-ordered pool, this pool's whole cache otherwise, and that of
+    /// the pool it shares its counters and limit with (see [`share_limit_with`]).
+    ///
+    /// [`share_limit_with`]: Self::share_limit_with
     fn reclaim_for_retry(&'static self) {
         match self.group {
             Some(g) => {
@@ -520,8 +615,32 @@ impl Pool {
             }
             None => {
                 self.trim();
+                if let Some(peer) = self.peer.get() {
+                    peer.trim();
+                }
             }
         }
+    }
+
+    /// This pool is the host side's primary pool: the malloc family's small allocations may
+    /// come from its thread caches without going through the host side's choice of pool.
+    /// Before the first allocation.
+    pub fn mark_host_primary(&self) {
+        self.host_primary.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether this is the host side's primary pool.
+    pub(crate) fn is_host_primary(&self) -> bool {
+        self.host_primary.load(Ordering::Relaxed)
+    }
+
+    /// `self` and `other` share their counters, and so the limit (`new_shared`: the host
+    /// side's primary and fallback pools): an allocation refused for the limit in one first
+    /// gives back what both cache.
+    pub fn share_limit_with(&'static self, other: &'static Pool) {
+        debug_assert!(std::ptr::eq(self.stats, other.stats));
+        let _ = self.peer.set(other);
+        let _ = other.peer.set(self);
     }
 
     /// Resize without copying: a small block whose class still fits `n`, a large block whose
@@ -610,6 +729,8 @@ impl Pool {
     }
 }
 
+#[cold]
+#[inline(never)]
 fn double_free(ptr: usize) -> Error {
     Error::double_free(format!("double free of {ptr:#x}"))
 }

@@ -96,6 +96,40 @@ impl Pool {
         lg.discard_bytes = lg.discards.iter().map(|r| r.1).sum();
     }
 
+    /// Take `[a, b)` out of the batch (memory handed out again), cutting ranges that overlap
+    /// it.
+    fn unqueue_discards(&self, lg: &mut Large, a: usize, b: usize) {
+        if !lg.discards.iter().any(|&(s, n)| s < b && a < s + n) {
+            return;
+        }
+        let mut kept = Vec::with_capacity(lg.discards.len() + 1);
+        for &(s, n) in &lg.discards {
+            let e = s + n;
+            if e <= a || s >= b {
+                kept.push((s, n));
+                continue;
+            }
+            if s < a {
+                kept.push((s, a - s));
+            }
+            if e > b {
+                kept.push((b, e - b));
+            }
+        }
+        lg.discards = kept;
+        lg.discard_bytes = lg.discards.iter().map(|r| r.1).sum();
+    }
+
+    /// `[a, b)`, free memory, joins a live block that grows over it (realloc in place): out of
+    /// the batch (a discard issued later would drop the block's contents there) and of the
+    /// background migrations.
+    pub(super) fn residency_on_grow(&'static self, lg: &mut Large, a: usize, b: usize) {
+        self.unqueue_discards(lg, a, b);
+        if self.kind == Kind::UMP_KIND_MANAGED {
+            crate::migrate::quiesce(a, b);
+        }
+    }
+
     /// `taken` (just cut from free memory) is being handed out: the batch goes out without its
     /// range, and if its pages may be away it is discarded-and-prefetched to the device.
     pub(super) fn residency_on_take(&'static self, lg: &mut Large, taken: &Span) {
@@ -103,24 +137,7 @@ impl Pool {
             return;
         }
         let (a, b) = (taken.start(), taken.start() + taken.len());
-        if lg.discards.iter().any(|&(s, n)| s < b && a < s + n) {
-            let mut kept = Vec::with_capacity(lg.discards.len() + 1);
-            for &(s, n) in &lg.discards {
-                let e = s + n;
-                if e <= a || s >= b {
-                    kept.push((s, n));
-                    continue;
-                }
-                if s < a {
-                    kept.push((s, a - s));
-                }
-                if e > b {
-                    kept.push((b, e - b));
-                }
-            }
-            lg.discards = kept;
-            lg.discard_bytes = lg.discards.iter().map(|r| r.1).sum();
-        }
+        self.unqueue_discards(lg, a, b);
         self.flush_discards(lg);
         if !taken.away.swap(false, Ordering::Relaxed) {
             return;
@@ -205,6 +222,45 @@ mod tests {
         }
         for x in [c, keep] {
             p.free(x).unwrap();
+        }
+        g.trim();
+    }
+
+    /// Issue 21, defect 5: realloc growing a block over its freed neighbour, whose discard was
+    /// queued, left (x, 8 MiB) in the batch inside the grown live block: the next flush would
+    /// have discarded live contents. Handing memory out by growth takes it out of the batch,
+    /// as an allocation does.
+    #[test]
+    fn a_block_grown_over_a_freed_neighbour_takes_it_out_of_the_batch() {
+        let g = group(0);
+        let p = g.pool_for(0x40).unwrap();
+        let keep = p.alloc(MB).unwrap().ptr; // keeps the arena from falling idle
+        let x = p.alloc(8 * MB).unwrap().ptr;
+        let y = p.alloc(8 * MB).unwrap().ptr;
+        assert_eq!(
+            y + 8 * MB,
+            x,
+            "stream pools cut blocks from the end of free memory"
+        );
+        mark_away(x, 8 * MB);
+        p.free(x).unwrap();
+        assert_eq!(batch(p), vec![(x, 8 * MB)], "x is queued for discard");
+        let info = lookup(y).unwrap();
+        assert_eq!(p.resize_in_place(&info, 16 * MB), Some(y), "y grows over x");
+        let live = (y, y + 16 * MB);
+        assert!(
+            batch(p)
+                .iter()
+                .all(|&(s, n)| s + n <= live.0 || s >= live.1),
+            "a pending discard {:x?} lies inside the live block {live:x?}",
+            batch(p)
+        );
+        // x's pages may be away: the grown block is known to be away too (a free discards it).
+        if let Some(Entry::Span(sp)) = entry_at(y) {
+            assert!(sp.away.load(Ordering::Relaxed));
+        }
+        for b in [y, keep] {
+            p.free(b).unwrap();
         }
         g.trim();
     }

@@ -26,6 +26,8 @@ pub struct Slab {
     pub(super) class: usize,
     pub(super) slot: usize,
     nslots: usize,
+    /// `nslots * slot`: the bytes of the slab's slots.
+    len: usize,
     /// Index of this descriptor's state in its class (fixed for the descriptor's life).
     id: usize,
     pub(super) base: AtomicUsize,
@@ -37,6 +39,12 @@ pub struct Slab {
     /// The fork generation of its blocks (renewed when it is taken from with no slot out):
     /// see `hold`.
     pub(super) born: AtomicU64,
+    /// Blocks of the slab live now (handed out and not freed), as a hint: kept with plain
+    /// loads and stores, so exact when one thread uses the slab and possibly off by a few
+    /// while threads race on it (it is set right whenever the slab empties). It only decides
+    /// when cached slots go back early (`free_small`, `tcache::release_dead`); what is
+    /// released is decided by the exact count under the class lock.
+    live: AtomicU32,
 }
 
 impl Slab {
@@ -52,8 +60,9 @@ impl Slab {
         unsafe { &*(self.span.load(Ordering::Acquire) as *const Span) }
     }
 
+    #[inline(always)]
     fn bytes(&self) -> usize {
-        self.nslots * self.slot
+        self.len
     }
 
     /// The live block containing `addr`, if this slab holds one there now.
@@ -75,6 +84,41 @@ impl Slab {
             size: w as usize - 1,
             capacity: self.slot,
         })
+    }
+
+    /// Slot `idx` (out of the slab, free) becomes a live block of `n` bytes. Returns its
+    /// address.
+    #[inline(always)]
+    pub(super) fn hand_out(&self, idx: u32, n: usize) -> usize {
+        let i = idx as usize;
+        debug_assert!(i < self.nslots);
+        // SAFETY: slots come from `ClassState::take`, which hands out indices below `nslots`,
+        // the length of `words`.
+        unsafe { self.words.get_unchecked(i) }.store(n as u32 + 1, Ordering::Release);
+        self.on_handed_out();
+        self.base.load(Ordering::Relaxed) + i * self.slot
+    }
+
+    /// A block of this slab was handed out.
+    #[inline]
+    fn on_handed_out(&self) {
+        let l = self.live.load(Ordering::Relaxed);
+        self.live.store(l.wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// A block of this slab was freed. Returns whether, by the hint, none is live any more.
+    #[inline]
+    fn on_freed(&self) -> bool {
+        let l = self.live.load(Ordering::Relaxed).wrapping_sub(1);
+        self.live.store(l, Ordering::Relaxed);
+        l as i32 <= 0
+    }
+
+    /// Whether, by the hint, no block of this slab is live: its slots in thread caches are
+    /// all that keep it (and its chunk) in use.
+    #[inline]
+    pub(super) fn maybe_dead(&self) -> bool {
+        self.live.load(Ordering::Relaxed) as i32 <= 0
     }
 
     /// Record a new requested size for the live block at `base`.
@@ -217,6 +261,8 @@ impl ClassState {
         st.out -= 1;
         self.free += 1;
         if self.slabs[id].out == 0 {
+            // Every slot is back: nothing is live (the hint may have drifted).
+            self.slabs[id].desc.live.store(0, Ordering::Relaxed);
             self.unlist(id);
             return true;
         }
@@ -276,10 +322,10 @@ impl Pool {
                 x
             }
         };
-        let i = idx as usize;
-        slab.words[i].store(n as u32 + 1, Ordering::Release);
-        let ptr = slab.base.load(Ordering::Relaxed) + i * slab.slot;
-        Ok(Alloc { ptr, zeroed: false })
+        Ok(Alloc {
+            ptr: slab.hand_out(idx, n),
+            zeroed: false,
+        })
     }
 
     /// Slow path of a small allocation: take slots from the class under its lock, one to
@@ -348,12 +394,14 @@ impl Pool {
                     class: ci,
                     slot,
                     nslots,
+                    len: nslots * slot,
                     id,
                     base: AtomicUsize::new(0),
                     span: AtomicUsize::new(0),
                     magic: (u64::MAX / slot as u64) + 1,
                     words: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
                     born: AtomicU64::new(super::hold::NEVER),
+                    live: AtomicU32::new(0),
                 }));
                 st.slabs.push(SlabState {
                     desc,
@@ -406,17 +454,115 @@ impl Pool {
             // A fork child may still read it.
             return self.hold_slot(s, idx as u32, n);
         }
+        let dead = s.on_freed();
         if self.is_stream_ordered() && self.put_hot(s.class, s, idx as u32) {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             self.stats.sub_in_use(n);
             return Ok(n);
         }
+        if dead && self.over_retain() {
+            // The slab's last live block, in a pool above its retain bound: the slot, and
+            // this thread's cached slots of the slab, go back to it, so that it can go back
+            // to the spans and its chunk to the OS instead of being pinned by a cache.
+            self.free_to_slab(s, idx as u32, n);
+            return Ok(n);
+        }
         if !tcache::push(self, s.class, (s, idx as u32), n) {
-            self.return_slots(s.class, std::iter::once((s, idx as u32)));
-            self.stats.frees.fetch_add(1, Ordering::Relaxed);
-            self.stats.sub_in_use(n);
+            self.return_freed(s, idx as u32, n);
         }
         Ok(n)
+    }
+
+    /// The free fast path (`pool::free_cached`): free the small block at `ptr` of slab `s`
+    /// into this thread's cache, which must be this (host) pool's. None: not handled, nothing
+    /// changed (no cache of this pool here, or `ptr` is not a slot's start: the full path
+    /// says why); else the result of the free, as `free_small` gives it.
+    #[inline(always)]
+    pub(super) fn free_cached(
+        &'static self,
+        s: &'static Slab,
+        ptr: usize,
+    ) -> Option<Result<usize>> {
+        let c = tcache::mine(self)?;
+        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
+        if off >= s.bytes() {
+            return None;
+        }
+        let idx = s.slot_of(off);
+        if idx * s.slot != off {
+            return None;
+        }
+        debug_assert!(idx < s.nslots);
+        // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
+        let w = unsafe { s.words.get_unchecked(idx) }.swap(0, Ordering::AcqRel);
+        if w == 0 {
+            return Some(Err(double_free(ptr)));
+        }
+        let n = w as usize - 1;
+        if s.on_freed() && self.over_retain() {
+            self.free_to_slab(s, idx as u32, n);
+        } else if !tcache::push_to(c, self, s.class, (s, idx as u32), n) {
+            self.return_freed(s, idx as u32, n);
+        }
+        Some(Ok(n))
+    }
+
+    /// The realloc fast path (`pool::resize_cached`): the live small block at `ptr` of slab
+    /// `s` takes `n` bytes in place when `n` falls in its class, counted in this thread's
+    /// cache, which must be this (host) pool's. None: not handled, nothing changed.
+    #[inline(always)]
+    pub(super) fn resize_cached(
+        &'static self,
+        s: &'static Slab,
+        ptr: usize,
+        n: usize,
+    ) -> Option<usize> {
+        let c = tcache::mine(self)?;
+        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
+        if n > SMALL_MAX || off >= s.bytes() || self.table.class_of(n) != s.class {
+            return None;
+        }
+        let idx = s.slot_of(off);
+        if idx * s.slot != off {
+            return None;
+        }
+        debug_assert!(idx < s.nslots);
+        // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
+        let w = unsafe { s.words.get_unchecked(idx) };
+        let old = w.load(Ordering::Acquire);
+        if old == 0 {
+            return None;
+        }
+        w.store(n as u32 + 1, Ordering::Release);
+        if !tcache::note_resize(c, old as usize - 1, n) {
+            self.stats.on_resize(old as usize - 1, n);
+            self.stats.reallocs_in_place.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(ptr)
+    }
+
+    /// A freed slot that no thread cache takes goes back to its slab, counted as freed.
+    #[cold]
+    #[inline(never)]
+    fn return_freed(&'static self, s: &'static Slab, idx: u32, n: usize) {
+        self.return_slots(s.class, std::iter::once((s, idx)));
+        self.stats.frees.fetch_add(1, Ordering::Relaxed);
+        self.stats.sub_in_use(n);
+    }
+
+    /// `free_small`'s slow path: slot `idx` of `s` (freed, counted out of its live blocks),
+    /// with this thread's cached slots of `s`, goes back to its slab.
+    #[cold]
+    #[inline(never)]
+    fn free_to_slab(&'static self, s: &'static Slab, idx: u32, n: usize) {
+        let mut slots = tcache::take_slab(self, s.class, s);
+        slots.push((s, idx));
+        self.return_slots(s.class, slots);
+        self.stats.frees.fetch_add(1, Ordering::Relaxed);
+        self.stats.sub_in_use(n);
+        if self.over_retain() {
+            self.release_pinning();
+        }
     }
 
     /// Take the hot slot of class `ci` (stream-ordered pools), if there is one. The slot
@@ -487,7 +633,11 @@ impl Pool {
             self.release_slab(st, old);
         }
         let bytes = slab.bytes();
-        if self.is_retired() || self.kept_slabs.load(Ordering::Relaxed) + bytes > self.retain / 2 {
+        if self.is_retired()
+            || self.over_retain()
+            || self.kept_slabs.load(Ordering::Relaxed) + bytes > self.retain / 2
+        {
+            // Over the bound, a kept slab would pin its chunk too.
             return false;
         }
         self.kept_slabs.fetch_add(bytes, Ordering::Relaxed);

@@ -137,6 +137,9 @@ pub(crate) struct Large {
     pub(super) discard_bytes: usize,
     /// Freed blocks held back for fork children, in state HELD (see `hold`).
     pub(super) held: Vec<&'static Span>,
+    /// Chunks (by base) that are no longer the backing's kind of memory (`Growth::Degraded`):
+    /// given back as soon as they are wholly free, never reused.
+    pub(super) doomed: Vec<usize>,
 }
 
 impl Large {
@@ -685,6 +688,11 @@ impl Pool {
         if cur.is_whole_chunk() {
             lg.idle.insert(key, cur);
             lg.idle_bytes += key.0;
+            if let Some(i) = lg.doomed.iter().position(|&b| b == key.1) {
+                lg.doomed.swap_remove(i);
+                self.release_chunk(lg, cur);
+                return;
+            }
             if self.decay().is_some() {
                 lg.idle_since.insert(key.1, Instant::now());
             }

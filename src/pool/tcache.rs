@@ -23,7 +23,7 @@ use super::slab::Slab;
 use crate::prim::os;
 use std::cell::{Cell, UnsafeCell};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, compiler_fence, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence};
 
 /// Slots a thread keeps per class at most.
 pub(super) const CAP: usize = 64;
@@ -57,13 +57,21 @@ struct Inner {
     /// Operations served and not yet added to the pool's counters.
     allocs: u64,
     frees: u64,
+    /// Reallocs done in place by the fast path, not yet added to the pool's counter.
+    reallocs: u64,
+    /// Operations left before the counts are published (counts down from `COUNT_FLUSH`).
+    ops_left: u32,
     /// Change of requested bytes in use not yet added to the pool's `in_use`.
     in_use: isize,
+    /// Slots came in since `release_dead` last looked.
+    fresh: bool,
 }
 
 /// One thread's cache.
-struct Cache {
+pub(super) struct Cache {
     owner: &'static Pool,
+    /// The owner is the host side's primary pool (the allocation fast path serves it).
+    primary: bool,
     /// The owner is inside a busy window.
     busy: AtomicBool,
     /// A reclaimer asks for the bins.
@@ -153,10 +161,24 @@ impl Cache {
         unsafe { &mut *self.inner.get() }
     }
 
+    /// Whether the counts kept here are due to be published (every `COUNT_FLUSH` operations,
+    /// or `IN_USE_FLUSH` bytes of change either way).
+    #[inline(always)]
+    fn counts_due(inner: &Inner) -> bool {
+        inner.ops_left == 0 || (inner.in_use + IN_USE_FLUSH) as usize > 2 * IN_USE_FLUSH as usize
+    }
+
     /// Publish the operation counts and the change of bytes in use to the owner's statistics.
+    #[cold]
+    #[inline(never)]
     fn flush_counts(&self, inner: &mut Inner) {
         let st = self.owner.stats;
         self.flush_in_use(inner);
+        inner.ops_left = COUNT_FLUSH as u32;
+        if inner.reallocs > 0 {
+            st.reallocs_in_place
+                .fetch_add(std::mem::take(&mut inner.reallocs), Ordering::Relaxed);
+        }
         if inner.allocs + inner.frees == 0 {
             return;
         }
@@ -179,7 +201,7 @@ impl Cache {
 
 /// This thread's cache if it exists and belongs to `pool`.
 #[inline(always)]
-fn mine(pool: &'static Pool) -> Option<&'static Cache> {
+pub(super) fn mine(pool: &'static Pool) -> Option<&'static Cache> {
     let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
     if p <= GONE {
         return None;
@@ -192,25 +214,74 @@ fn mine(pool: &'static Pool) -> Option<&'static Cache> {
 /// Take a cached slot of class `ci` for a block of `n` bytes (counted in use here).
 #[inline]
 pub(super) fn pop(pool: &'static Pool, ci: usize, n: usize) -> Option<Slot> {
-    let c = mine(pool)?;
+    pop_from(mine(pool)?, ci, n)
+}
+
+/// `pop` from cache `c` (this thread's).
+#[inline(always)]
+fn pop_from(c: &Cache, ci: usize, n: usize) -> Option<Slot> {
     if !c.enter() {
         return None;
     }
     // SAFETY: inside our busy window.
     let inner = unsafe { c.inner() };
-    let bin = &mut inner.bins[ci];
+    debug_assert!(ci < inner.bins.len());
+    // SAFETY: `ci` is a class of the owner's table, which has one bin per class.
+    let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
     let x = bin.slots.pop();
     if x.is_some() {
         inner.bytes -= bin.size;
         c.bytes.store(inner.bytes, Ordering::Relaxed);
         inner.allocs += 1;
+        inner.ops_left = inner.ops_left.saturating_sub(1);
         inner.in_use += n as isize;
-        if inner.allocs + inner.frees >= COUNT_FLUSH || inner.in_use > IN_USE_FLUSH {
+        if Cache::counts_due(inner) {
             c.flush_counts(inner);
         }
     }
     c.leave();
     x
+}
+
+/// The allocation fast path (`pool::alloc_cached`): a block of `n <= SMALL_MAX` bytes from
+/// this thread's cache, if the cache serves the host side's primary pool and holds a slot of
+/// `n`'s class. Counted here as `pop` counts. `n <= SMALL_MAX`.
+#[inline(always)]
+pub(super) fn alloc_primary(n: usize) -> Option<usize> {
+    debug_assert!(n <= super::SMALL_MAX);
+    let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
+    if p <= GONE {
+        return None;
+    }
+    // SAFETY: `p` is this thread's live cache (freed only by this thread's exit).
+    let c = unsafe { &*(p as *const Cache) };
+    if !c.primary {
+        return None;
+    }
+    // SAFETY: `n <= SMALL_MAX` (the caller, `pool::alloc_cached`, checks it).
+    let ci = unsafe { c.owner.table.class_of_unchecked(n) };
+    let (slab, idx) = pop_from(c, ci, n)?;
+    Some(slab.hand_out(idx, n))
+}
+
+/// A small block of the cache's pool was resized in place from `old` to `new` requested bytes
+/// (the realloc fast path): counted here, as `pop` and `push` count. Returns false when a
+/// reclaimer holds the bins (the caller then counts it on the pool).
+#[inline(always)]
+pub(super) fn note_resize(c: &Cache, old: usize, new: usize) -> bool {
+    if !c.enter() {
+        return false;
+    }
+    // SAFETY: inside our busy window.
+    let inner = unsafe { c.inner() };
+    inner.in_use += new as isize - old as isize;
+    inner.reallocs += 1;
+    inner.ops_left = inner.ops_left.saturating_sub(1);
+    if Cache::counts_due(inner) {
+        c.flush_counts(inner);
+    }
+    c.leave();
+    true
 }
 
 /// Keep a freed slot of class `ci` (of a block of `n` bytes) in this thread's cache. When the
@@ -222,12 +293,20 @@ pub(super) fn push(pool: &'static Pool, ci: usize, slot: Slot, n: usize) -> bool
     let Some(c) = mine(pool) else {
         return false;
     };
+    push_to(c, pool, ci, slot, n)
+}
+
+/// `push` into cache `c` (this thread's, for `pool`).
+#[inline(always)]
+pub(super) fn push_to(c: &Cache, pool: &'static Pool, ci: usize, slot: Slot, n: usize) -> bool {
     if !c.enter() {
         return false;
     }
     // SAFETY: inside our busy window.
     let inner = unsafe { c.inner() };
-    let bin = &mut inner.bins[ci];
+    debug_assert!(ci < inner.bins.len());
+    // SAFETY: `ci` is a class of the owner's table, which has one bin per class.
+    let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
     let overflow = if bin.slots.len() >= bin.cap {
         let old = take_oldest_half(&mut bin.slots);
         inner.bytes -= old.len() * bin.size;
@@ -235,12 +314,22 @@ pub(super) fn push(pool: &'static Pool, ci: usize, slot: Slot, n: usize) -> bool
     } else {
         None
     };
-    bin.slots.push(slot);
+    let len = bin.slots.len();
+    debug_assert!(len < bin.slots.capacity());
+    // SAFETY: bins are made with room for `cap + 1` slots and hold at most `cap` here (the
+    // oldest half went above when the bin was full), so the write is inside the allocation,
+    // and the slot at `len` is then initialised.
+    unsafe {
+        bin.slots.as_mut_ptr().add(len).write(slot);
+        bin.slots.set_len(len + 1);
+    }
     inner.bytes += bin.size;
     c.bytes.store(inner.bytes, Ordering::Relaxed);
+    inner.fresh = true;
     inner.frees += 1;
+    inner.ops_left = inner.ops_left.saturating_sub(1);
     inner.in_use -= n as isize;
-    if inner.allocs + inner.frees >= COUNT_FLUSH || inner.in_use < -IN_USE_FLUSH {
+    if Cache::counts_due(inner) {
         c.flush_counts(inner);
     }
     c.leave();
@@ -285,6 +374,7 @@ pub(super) fn stash(pool: &'static Pool, ci: usize, mut slots: Vec<Slot>) -> Vec
     let n = bin.cap.saturating_sub(bin.slots.len()).min(slots.len());
     bin.slots.extend(slots.drain(slots.len() - n..));
     inner.bytes += n * bin.size;
+    inner.fresh = true;
     c.bytes.store(inner.bytes, Ordering::Relaxed);
     c.leave();
     slots
@@ -324,6 +414,7 @@ pub(super) fn ensure(pool: &'static Pool) -> bool {
     probe_membarrier();
     let cache = Box::new(Cache {
         owner: pool,
+        primary: pool.is_host_primary(),
         busy: AtomicBool::new(false),
         req: AtomicBool::new(false),
         bytes: AtomicUsize::new(0),
@@ -342,7 +433,10 @@ pub(super) fn ensure(pool: &'static Pool) -> bool {
             bytes: 0,
             allocs: 0,
             frees: 0,
+            reallocs: 0,
+            ops_left: COUNT_FLUSH as u32,
             in_use: 0,
+            fresh: false,
         }),
     });
     let addr = Box::into_raw(cache) as usize;
@@ -369,6 +463,12 @@ fn heavy_barrier() {
 fn quiesce(c: &Cache) {
     c.req.store(true, Ordering::Relaxed);
     heavy_barrier();
+    wait_idle(c);
+}
+
+/// The rest of the handshake, once `req` is stored and a barrier ran: wait until the owner is
+/// outside its busy window.
+fn wait_idle(c: &Cache) {
     let mut spins = 0u32;
     while c.busy.load(Ordering::Acquire) {
         spins += 1;
@@ -411,6 +511,132 @@ pub(crate) fn reclaim(pool: Option<&'static Pool>) -> usize {
         c.req.store(false, Ordering::Release);
     }
     bytes
+}
+
+// ---- slots that pin memory the pool would give back ---------------------------------------
+//
+// A cached slot keeps its slab in use, and the slab its chunk. When the pool holds more free
+// memory than its `retain` allows and cannot give any back, slots cached for slabs that hold
+// no live block any more (by the slab's hint) go back to their slabs: then the slabs, and
+// their chunks, can go back too. The freeing thread's own cache at once (`free_small` for the
+// slab it just emptied, `release_dead` after a large free); other threads' caches, which
+// their owners may never touch again, at most every `DEAD_RECLAIM_MS`.
+
+/// How often the caches of other threads are searched for such slots, at most (one
+/// `membarrier` for all of them each time).
+const DEAD_RECLAIM_MS: u64 = 10;
+/// When they last were (milliseconds since `EPOCH`; 0: never).
+static DEAD_RECLAIMED: AtomicU64 = AtomicU64::new(0);
+
+/// Take this thread's cached slots of `slab` (class `ci` of `pool`) out of its cache.
+pub(super) fn take_slab(pool: &'static Pool, ci: usize, slab: &'static Slab) -> Vec<Slot> {
+    let Some(c) = mine(pool) else {
+        return Vec::new();
+    };
+    if !c.enter() {
+        return Vec::new();
+    }
+    // SAFETY: inside our busy window.
+    let inner = unsafe { c.inner() };
+    let bin = &mut inner.bins[ci];
+    let mut taken = Vec::new();
+    bin.slots.retain(|&(s, i)| {
+        let mine = std::ptr::eq(s, slab);
+        if mine {
+            taken.push((s, i));
+        }
+        !mine
+    });
+    inner.bytes -= taken.len() * bin.size;
+    c.bytes.store(inner.bytes, Ordering::Relaxed);
+    c.leave();
+    taken
+}
+
+/// The slots of `c`'s bins whose slab holds no live block, taken out. The caller holds the
+/// bins (a busy window, or the handshake).
+fn take_dead(c: &Cache) -> Vec<(usize, Vec<Slot>)> {
+    // SAFETY: forwarded from the caller.
+    let inner = unsafe { c.inner() };
+    inner.fresh = false;
+    let mut out = Vec::new();
+    for (ci, bin) in inner.bins.iter_mut().enumerate() {
+        // One look at each slot's hint (other threads change it meanwhile): a slot is either
+        // taken or kept, never both.
+        let mut dead = Vec::new();
+        bin.slots.retain(|&s| {
+            let d = s.0.maybe_dead();
+            if d {
+                dead.push(s);
+            }
+            !d
+        });
+        if !dead.is_empty() {
+            inner.bytes -= dead.len() * bin.size;
+            out.push((ci, dead));
+        }
+    }
+    c.bytes.store(inner.bytes, Ordering::Relaxed);
+    out
+}
+
+/// `pool` holds more free memory than its `retain` allows and could give none back: slots
+/// cached for slabs with no live block go back to their slabs, this thread's at once, other
+/// threads' at most every `DEAD_RECLAIM_MS`. The caller holds no lock of `pool`.
+#[cold]
+pub(crate) fn release_dead(pool: &'static Pool) {
+    if let Some(c) = mine(pool) {
+        let dead = if c.enter() {
+            // SAFETY: inside our busy window.
+            let fresh = unsafe { c.inner() }.fresh;
+            let d = if fresh { take_dead(c) } else { Vec::new() };
+            c.leave();
+            d
+        } else {
+            Vec::new()
+        };
+        for (ci, slots) in dead {
+            pool.return_slots(ci, slots);
+        }
+    }
+    if !pool.over_retain() {
+        return;
+    }
+    let now = super::epoch_ms(std::time::Instant::now());
+    let last = DEAD_RECLAIMED.load(Ordering::Relaxed);
+    if last != 0 && now < last + DEAD_RECLAIM_MS
+        || DEAD_RECLAIMED
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    let own = TC.try_with(|c| c.get()).unwrap_or(0);
+    let list = caches();
+    let others: Vec<&Cache> = list
+        .iter()
+        .filter(|&&addr| addr != own)
+        // SAFETY: caches in the list are live (their owner removes them under the lock first).
+        .map(|&addr| unsafe { &*(addr as *const Cache) })
+        .filter(|c| std::ptr::eq(c.owner, pool) && c.bytes.load(Ordering::Relaxed) > 0)
+        .collect();
+    // One handshake for all of them: every request first, then one barrier.
+    for c in &others {
+        c.req.store(true, Ordering::Relaxed);
+    }
+    if !others.is_empty() {
+        heavy_barrier();
+    }
+    let mut dead = Vec::new();
+    for c in others {
+        wait_idle(c);
+        dead.extend(take_dead(c));
+        c.req.store(false, Ordering::Release);
+    }
+    drop(list);
+    for (ci, slots) in dead {
+        pool.return_slots(ci, slots);
+    }
 }
 
 /// Bytes held in the caches of every thread for `pool`.

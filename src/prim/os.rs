@@ -127,6 +127,40 @@ pub unsafe fn remap_into(ptr: NonNull<u8>, old: usize, new: usize, dest: NonNull
     p != libc::MAP_FAILED
 }
 
+/// Give back `dest` after [`remap_into`] into it failed. The kernel may have unmapped it
+/// already (it unmaps the destination before it checks the memory accounting), and then the
+/// range is free for any thread's next mapping: a placeholder asked for there with
+/// `MAP_FIXED_NOREPLACE` succeeds only on a free range (which is then ours again, and goes);
+/// an occupied range is still our destination in every failure the kernel reports before it
+/// touches the destination (bad arguments, the map count), and goes.
+///
+/// # Safety
+/// `[dest, dest+size)` was a mapping of ours given to a `remap_into` that failed, and is used
+/// by nothing of ours.
+pub unsafe fn release_after_failed_remap(dest: NonNull<u8>, size: usize) {
+    // SAFETY: a hint with MAP_FIXED_NOREPLACE never replaces an existing mapping.
+    let p = unsafe {
+        libc::mmap(
+            dest.as_ptr().cast(),
+            size,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p != libc::MAP_FAILED && p != dest.as_ptr().cast() {
+        // A kernel older than 4.17 took the flag as a hint and mapped elsewhere.
+        // SAFETY: the mapping just made, ours.
+        unsafe { libc::munmap(p, size) };
+    }
+    // SAFETY: the range is ours: the placeholder, or the destination itself (see above).
+    unsafe { libc::munmap(dest.as_ptr().cast(), size) };
+}
+
 /// Ask for transparent huge pages on a range, as NumPy's default allocator does for blocks of
 /// 4 MiB and more. Only whole pages inside the range are advised. Advisory: errors are ignored.
 pub fn advise_hugepage(ptr: *mut u8, size: usize) {

@@ -8,7 +8,9 @@
 #     fork while threads allocate, bursts and the limit, idle thread caches, the registry under
 #     an address-space limit, small-block alignment, messages), under ASan + UBSan except the
 #     address-space one (ASan needs a huge address space) and the fork one (ASan's own
-#     allocator is not fork-safe), which run plain.
+#     allocator is not fork-safe), which run plain,
+#   - test_review.c: the same for issue 21's scenarios (refused reallocs leave nothing behind,
+#     thread caches within the retain setting, scopes and reallocs, devices that do not exist).
 # Exits non-zero on any failure.
 set -euo pipefail
 
@@ -132,6 +134,12 @@ cc "${CFLAGS[@]}" ${relax[@]+"${relax[@]}"} -fsanitize=address,undefined -fno-om
 cc "${CFLAGS[@]}" ${relax[@]+"${relax[@]}"} -O1 -g \
     tests/c/test_reliability.c -o "$build/test_reliability" "${LDFLAGS[@]}"
 
+step "compile test_review.c (ASan + UBSan, and plain)"
+cc "${CFLAGS[@]}" ${relax[@]+"${relax[@]}"} -fsanitize=address,undefined -fno-omit-frame-pointer -g \
+    tests/c/test_review.c -o "$build/test_review_asan" "${LDFLAGS[@]}"
+cc "${CFLAGS[@]}" ${relax[@]+"${relax[@]}"} -O1 -g \
+    tests/c/test_review.c -o "$build/test_review" "${LDFLAGS[@]}"
+
 asan_env=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1)
 
@@ -185,6 +193,24 @@ rel small-alignment UMP_ALLOC_ALIGNMENT=4096
 rel messages
 stage "reliability: registry-oom (plain build: an address-space limit)" \
     env UMP_ALLOC_NO_CUDA=1 "$build/test_reliability" registry-oom
+
+# Issue 21's regression scenarios (the second review of the allocator core), one process each.
+review() {
+    local name="$1"
+    shift
+    stage "review: $name${*:+ ($*)}" env "${asan_env[@]}" UMP_ALLOC_NO_CUDA=1 "$@" \
+        "$build/test_review_asan" "$name"
+}
+review stream-retire-device
+review scope-realloc
+review realloc-counts
+review refused-growth-limit UMP_ALLOC_LIMIT=96M
+review cache-retain UMP_ALLOC_HOST_RETAIN=0
+review cache-retain UMP_ALLOC_HOST_RETAIN=64M
+review cache-retain
+# Ends under an address-space limit, which ASan's shadow memory cannot run under: plain build.
+stage "review: refused-growth (plain build: an address-space limit)" \
+    env UMP_ALLOC_NO_CUDA=1 "$build/test_review" refused-growth
 
 if command -v valgrind >/dev/null 2>&1; then
     vg=(valgrind --quiet --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite)
