@@ -81,14 +81,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--variants", default="plain,ump,ump-copy")
+    ap.add_argument("--persistent", default="0,1", help="persistent_workers settings to run (0, 1)")
+    ap.add_argument("--pin", default="1,0", help="pin_memory settings to run (1, 0)")
     ap.add_argument("--json")
     args = ap.parse_args()
     from _benchutil import gpu_or_skip, ump_env
 
     gpu_or_skip("torch", "torchvision")
     rows = []
-    for persistent in ("0", "1"):
-        for pin in ("1", "0"):
+    for persistent in args.persistent.split(","):
+        for pin in args.pin.split(","):
             for v in args.variants.split(","):
                 print(f"{v} persistent_workers={persistent} pin_memory={pin} ...", file=sys.stderr, flush=True)
                 env = ump_env(VARIANTS[v])

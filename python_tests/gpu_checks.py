@@ -2059,7 +2059,13 @@ def fork_children_leak_nothing():
     ump_alloc.enable(torch=False)
 
     def file_bytes():
-        fds = [f for f in os.listdir("/proc/self/fd") if "ump-alloc-pinned" in os.readlink(f"/proc/self/fd/{f}")]
+        def target(f):
+            try:
+                return os.readlink(f"/proc/self/fd/{f}")
+            except OSError:  # the descriptor listdir itself used, closed by now
+                return ""
+
+        fds = [f for f in os.listdir("/proc/self/fd") if "ump-alloc-pinned" in target(f)]
         return os.stat(f"/proc/self/fd/{fds[0]}").st_blocks * 512 if fds else 0
 
     ump_alloc.trim()
@@ -2169,7 +2175,9 @@ def _realloc_race(lib, s, use_realloc):
     h = np.ctypeslib.as_array((ctypes.c_uint32 * (n // 4)).from_address(p))
     want = np.random.default_rng(int.from_bytes(os.urandom(4), "little")).integers(
         0, 1 << 31, n // 4, dtype=np.uint32)
+    pending = not s.done  # the marker kernel has not run yet: the race is open
     h[:] = want  # the host writes what it got
+    print(f"{'realloc' if use_realloc else 'control'}: stream still busy when the host wrote: {pending}")
     s.synchronize()
     got = h.copy()
     lib.ump_cupy_free(s.ptr, p, 0)

@@ -483,6 +483,11 @@ impl Pool {
         s: &'static Slab,
         ptr: usize,
     ) -> Option<Result<usize>> {
+        // While a fork child may read this process's shared pages, a freed slot may have to
+        // be held back for it (`free_small` decides): not this path's business.
+        if crate::backing::shared::live_max() != 0 {
+            return None;
+        }
         let c = tcache::mine(self)?;
         let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
         if off >= s.bytes() {
