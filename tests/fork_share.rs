@@ -499,3 +499,51 @@ fn anonymous_pages_are_never_held_back() {
     assert_eq!(wait(child), 0);
     h.trim();
 }
+
+/// The GPU check fork_children_leak_nothing's sequence at the pool: forty children (every fifth
+/// forks again) read the parent's arrays while the parent frees its smallest array through the
+/// free fast path and makes a new one each time; once they are gone and everything is freed,
+/// trim gives every chunk back and the memory file holds nothing.
+#[test]
+fn forty_children_and_a_churning_parent_leave_nothing_behind() {
+    let _s = serial();
+    let h = host(true);
+    let p = h.primary();
+    let sizes = [128 * MIB, 8 * MIB, 40_000, 80];
+    let mut data: Vec<usize> = sizes.iter().map(|&n| h.alloc(n).unwrap().ptr).collect();
+    for (i, (&b, &n)) in data.iter().zip(&sizes).enumerate() {
+        fill(b, n, i as u64);
+    }
+    let mut pids = Vec::new();
+    for i in 0..40u64 {
+        let snapshot = data.clone();
+        pids.push(fork_child(move || {
+            let ok = snapshot.iter().zip(&sizes).enumerate().all(|(j, (&b, &n))| {
+                // The smallest array is replaced every round (seed 100 + i since round 1).
+                let seed = match (j, i) {
+                    (3, 0) => 3,
+                    (3, _) => 100 + i,
+                    _ => j as u64,
+                };
+                holds(b, n, seed)
+            });
+            if i % 5 == 0 {
+                let g = fork_child(|| true);
+                return ok && wait(g) == 0;
+            }
+            ok
+        }));
+        let last = data.pop().unwrap();
+        match pool::free_cached(last) {
+            Some(r) => r.map(|_| ()).unwrap(),
+            None => pool::free_block(last).map(|_| ()).unwrap(),
+        }
+        let b = h.alloc(80).unwrap().ptr;
+        fill(b, 80, 101 + i);
+        data.push(b);
+    }
+    let bad: Vec<i32> = pids.into_iter().map(wait).filter(|&c| c != 0).collect();
+    assert!(bad.is_empty(), "children saw changed arrays: {bad:?}");
+    assert!(p.release_held(true) > 0 || held(p) == (0, 0));
+    finish(&h, &data);
+}
