@@ -90,9 +90,10 @@ def cancel(name: str) -> None:
 
 def _enable(**libs) -> None:
     import ump_alloc
+    from ump_alloc._enable import enable_auto
 
     try:
-        ump_alloc._enable_auto(**{"numpy": False, "cupy": False, "torch": False, **libs})
+        enable_auto(**{"numpy": False, "cupy": False, "torch": False, **libs})
     except ump_alloc.UmpError as e:
         lib = next(k for k, v in libs.items() if v is not False)
         raise ump_alloc.UmpError(
