@@ -24,6 +24,14 @@ from ._stats import ScopeReport, reset_peak, scope, stats
 from ._summary import memory_summary, pool_stats
 from ._transfer import TransferPlan, decide_transfer
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
+if TYPE_CHECKING:
+    # Loaded on first use by __getattr__ below (they import NumPy); declared here for type
+    # checkers and IDEs. _LAZY names the same five.
+    from ._zerocopy import ZeroCopyBuffer, asarray, asnumpy, is_zero_copy, transfer_plan
+
+    __version__: str
+
 __all__ = [
     "UmpError",
     "Identity",
@@ -68,31 +76,32 @@ __all__ = [
 
 _LAZY = {"ZeroCopyBuffer", "asarray", "asnumpy", "is_zero_copy", "transfer_plan"}
 
+if not TYPE_CHECKING:  # hidden from type checkers, so that a misspelt name is an error there
 
-def __getattr__(name: str):
-    if name == "__version__":
-        # One source: Cargo.toml, compiled into the library (the package metadata reads it too).
-        try:
-            return version()
-        except (UmpError, OSError):
-            from importlib.metadata import PackageNotFoundError
-            from importlib.metadata import version as _dist_version
-
+    def __getattr__(name: str) -> object:
+        if name == "__version__":
+            # One source: Cargo.toml, compiled into the library (the package metadata reads it too).
             try:
-                return _dist_version("ump-alloc")
-            except PackageNotFoundError:
-                return "unknown"
-    # The zero-copy functions import NumPy: loaded on first use, so that ``import ump_alloc``
-    # (and UMP_ALLOC=1's hook, which imports it at NumPy's import) imports no NumPy itself.
-    if name in _LAZY:
-        from . import _zerocopy
+                return version()
+            except (UmpError, OSError):
+                from importlib.metadata import PackageNotFoundError
+                from importlib.metadata import version as _dist_version
 
-        return getattr(_zerocopy, name)
-    raise AttributeError(f"module 'ump_alloc' has no attribute {name!r}")
+                try:
+                    return _dist_version("ump-alloc")
+                except PackageNotFoundError:
+                    return "unknown"
+        # The zero-copy functions import NumPy: loaded on first use, so that ``import ump_alloc``
+        # (and UMP_ALLOC=1's hook, which imports it at NumPy's import) imports no NumPy itself.
+        if name in _LAZY:
+            from . import _zerocopy
+
+            return getattr(_zerocopy, name)
+        raise AttributeError(f"module 'ump_alloc' has no attribute {name!r}")
 
 
-def __dir__() -> list:
+def __dir__() -> list[str]:
     return sorted(set(globals()) | _LAZY)
 
 
-del annotations  # from __future__; keep the namespace to the public API
+del annotations, TYPE_CHECKING  # keep the namespace to the public API

@@ -10,7 +10,7 @@ from . import _lib
 from ._identity import address
 
 
-def host_access(obj, nbytes: int | None = None, stream=None, *, touch=None) -> None:
+def host_access(obj: object, nbytes: int | None = None, stream: object = None, *, touch: float | None = None) -> None:
     """C ``ump_host_access_ex`` on an address (with ``nbytes``) or an array: wait for ``stream``
     (a handle, a CuPy/torch stream, or None for the legacy default stream) and move managed
     pages to the host as the transfer plan says for a host that reads ``touch`` of them (None:
@@ -26,7 +26,9 @@ def host_access(obj, nbytes: int | None = None, stream=None, *, touch=None) -> N
     _lib.check(_lib.lib().ump_host_access_ex(ctypes.c_void_p(addr), n, ctypes.c_void_p(h), t), "ump_host_access_ex")
 
 
-def device_access(obj, nbytes: int | None = None, device: int = 0, stream=None, *, touch=None) -> None:
+def device_access(
+    obj: object, nbytes: int | None = None, device: int = 0, stream: object = None, *, touch: float | None = None
+) -> None:
     """C ``ump_device_access_ex``: prefetch managed memory toward ``device`` in ``stream`` order,
     no host wait (not for kernels that touch only a small fraction, ``touch``, of it: their
     pages fault over)."""

@@ -14,6 +14,11 @@ from ._config import init, installed
 from ._lib import UmpError, last_error
 from ._library import mode
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
 @dataclasses.dataclass
 class _Frame:
     """One :func:`enable` call: what it switched over, and the environment variables it set
@@ -235,7 +240,7 @@ def _warn_if_forkserver_running() -> None:
         )
 
 
-def enable_auto(**libs) -> None:
+def enable_auto(**libs: Any) -> None:
     """``UMP_ALLOC=1``: what the import hooks switch over joins one frame, at the bottom of
     the stack, so that one :func:`disable` undoes it all (and a program's own ``enable()`` calls
     still nest above it)."""
@@ -288,7 +293,7 @@ def disable() -> None:
 
 
 @contextlib.contextmanager
-def enabled(**kwargs):
+def enabled(**kwargs: Any) -> Iterator[None]:
     """``with ump_alloc.enabled(): ...`` enables ump-alloc inside the block only (it takes
     :func:`enable`'s arguments)."""
     enable(**kwargs)
@@ -305,7 +310,7 @@ def is_enabled() -> bool:
     return _numpy.active()
 
 
-def handles(array) -> bool:
+def handles(array: object) -> bool:
     """Whether NumPy ``array`` (or the array a view looks into) was allocated by ump-alloc.
     Anything but a NumPy array raises TypeError, before and after :func:`enable` alike."""
     from . import _numpy

@@ -32,7 +32,7 @@ class Identity:
         )
 
 
-def address(obj) -> int:
+def address(obj: object) -> int:
     """The address ``obj`` stands for: an integer as it is, a torch tensor's ``data_ptr()``, the
     data pointer of an object with ``__cuda_array_interface__`` or ``__array_interface__``
     (CuPy, NumPy), or a ``ctypes.c_void_p``'s value."""
@@ -53,7 +53,7 @@ def address(obj) -> int:
     raise TypeError(f"cannot take the address of {type(obj).__name__}")
 
 
-def identify(obj) -> Identity:
+def identify(obj: object) -> Identity:
     """Identify an address, a NumPy/CuPy array or a torch tensor (by its data pointer)."""
     addr = address(obj)
     out = _lib.Identity()

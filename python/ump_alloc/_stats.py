@@ -9,6 +9,10 @@ import dataclasses
 
 from . import _lib
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
+if TYPE_CHECKING:
+    from typing import Literal
+
 
 def stats() -> dict:
     """The allocator's counters, as ``ump_stats`` reports them.
@@ -126,7 +130,7 @@ class scope(contextlib.ContextDecorator):
     code that owns its pointers.
     """
 
-    def __init__(self, collect: bool = False):
+    def __init__(self, collect: bool = False) -> None:
         self.collect = collect
         self.report: ScopeReport | None = None
 
@@ -135,7 +139,7 @@ class scope(contextlib.ContextDecorator):
         self.report = None
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         if self.collect:
             import gc
 
