@@ -377,7 +377,10 @@ pub fn facts_of(
 
 /// The configured `UMP_ALLOC_PREFETCH_MIN`.
 pub fn prefetch_min() -> usize {
-    allocator::env_config().map_or(crate::config::DEFAULT_PREFETCH_MIN, |c| c.prefetch_min)
+    allocator::env_config().map_or_else(
+        |_| crate::config::Config::default().prefetch_min,
+        |c| c.prefetch_min,
+    )
 }
 
 /// [`facts`] then [`decide`].
