@@ -123,3 +123,66 @@ def test_readme_configuration_table_matches_the_library():
     assert readme, "no configuration table found in the README"
     assert library - readme == set(), f"variables `info` lists that the README does not: {sorted(library - readme)}"
     assert readme - library == set(), f"README variables the library does not know: {sorted(readme - library)}"
+
+
+# Paths in code: the same roots as in the docs, written without backticks, with brace lists
+# (`src/pool/{mod,slab}.rs`). `./` is left out: in code comments it names a program just built.
+_CODE_PATH = re.compile(
+    r"(?<![\w/.-])((?:\.\./|\.device/|benches/|src/|python/|python_tests/|tests/|scripts/|docs/|include/|\.ci/)"
+    r"[\w./*{},-]*)"
+)
+
+
+def _expand(path):
+    """``src/pool/{mod,slab}.rs`` -> ``["src/pool/mod.rs", "src/pool/slab.rs"]``."""
+    m = re.search(r"\{([^{}]*)\}", path)
+    if not m:
+        return [path]
+    return [p for alt in m.group(1).split(",") for p in _expand(path[: m.start()] + alt + path[m.end():])]
+
+
+def _source_files():
+    """Every Rust file under src/ and Python file under python/, relative to the checkout."""
+    out = []
+    for top, ext in (("src", ".rs"), ("python", ".py")):
+        for d, dirs, names in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [x for x in dirs if x != "__pycache__" and not x.endswith(".egg-info")]
+            out += [os.path.relpath(os.path.join(d, n), ROOT) for n in names if n.endswith(ext)]
+    return sorted(out)
+
+
+def _missing_in_code(text):
+    missing = []
+    for m in _CODE_PATH.finditer(text):
+        for path in _expand(m.group(1).rstrip(".,:;)")):
+            path = path.rstrip(".,:;)")
+            if path.startswith(("../", ".device/")):
+                missing.append(path)  # outside the repository, or a scratch folder
+            elif "*" in path:
+                import glob
+
+                if not glob.glob(os.path.join(ROOT, path)):
+                    missing.append(path)
+            elif not os.path.exists(os.path.join(ROOT, path)):
+                missing.append(path)
+    return missing
+
+
+def test_code_names_only_files_in_the_repository():
+    """Comments and docstrings of src/ and python/ name no file outside the repository and none
+    that was renamed or removed."""
+    problems = {}
+    for f in _source_files():
+        with open(os.path.join(ROOT, f)) as fh:
+            bad = _missing_in_code(fh.read())
+        if bad:
+            problems[f] = sorted(set(bad))
+    assert not problems, problems
+
+
+def test_code_reference_check_can_fail():
+    """Control: a file outside the repository, a renamed one and one of a brace list that does
+    not exist are reported; existing ones are not."""
+    text = "//! see ../shared/DEVICE.md, src/prim/cuda.rs and src/pool/{mod,nope}.rs (src/lib.rs)."
+    assert sorted(_missing_in_code(text)) == ["../shared/DEVICE.md", "src/pool/nope.rs", "src/prim/cuda.rs"]
+

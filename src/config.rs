@@ -1,10 +1,9 @@
 //! The one configuration table: every `UMP_ALLOC_*` environment variable in one row (its
-//! name, its default, its meaning, how a value is read and what a value means, as mimalloc's
-//! `options.c` keeps one row per option), from which the defaults ([`Config::default`]),
-//! parsing ([`Config::from_lookup`]), the C table (`ump_config_var`) and `info`'s reading of
-//! each value ([`describe`]) all come. The environment is read once, at the first allocation
-//! (or at `ump_init`), validated, and never re-read; `python -m ump_alloc info` prints the
-//! result.
+//! name, its default, its meaning, how a value is read and what a value means, as mimalloc
+//! keeps one row per option), from which the defaults ([`Config::default`]), parsing
+//! ([`Config::from_lookup`]), the C table (`ump_config_var`) and `info`'s reading of each value
+//! ([`describe`]) all come. The environment is read once, at the first allocation (or at
+//! `ump_init`), validated, and never re-read; `python -m ump_alloc info` prints the result.
 
 use crate::error::{Error, Result};
 use crate::mode::{DeviceSide, HostSide, ModeRequest, SideRequest};
