@@ -186,3 +186,28 @@ def test_code_reference_check_can_fail():
     text = "//! see ../shared/DEVICE.md, src/prim/cuda.rs and src/pool/{mod,nope}.rs (src/lib.rs)."
     assert sorted(_missing_in_code(text)) == ["../shared/DEVICE.md", "src/pool/nope.rs", "src/prim/cuda.rs"]
 
+
+def _architecture_modules(readme):
+    """The .rs and .py files the README's architecture drawing names (brace lists expanded)."""
+    section = readme.split("## Architecture", 1)
+    assert len(section) == 2, "README.md has no 'Architecture' section"
+    m = re.search(r"```\n(.*?)```", section[1], re.S)
+    assert m, "the Architecture section has no drawing (a ``` block)"
+    tokens = re.findall(r"(?:src|python)/(?:[\w/.]|\{[\w,]*\})*\.(?:rs|py)\b", m.group(1))
+    return {p for t in tokens for p in _expand(t)}
+
+
+def test_architecture_names_every_module():
+    """The README's architecture drawing names every Rust file of src/ and Python file of
+    python/, and only files that exist."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        named = _architecture_modules(f.read())
+    modules = set(_source_files())
+    assert modules - named == set(), f"modules the architecture does not name: {sorted(modules - named)}"
+    assert named - modules == set(), f"the architecture names files that do not exist: {sorted(named - modules)}"
+
+
+def test_architecture_check_can_fail():
+    """Control: a drawing that lists a brace list and a single file is read as those files."""
+    readme = "## Architecture\n\n```\nsrc/pool/{mod,slab}.rs  pools\npython/ump_alloc/_lib.py  ctypes\n```\n"
+    assert _architecture_modules(readme) == {"src/pool/mod.rs", "src/pool/slab.rs", "python/ump_alloc/_lib.py"}
