@@ -79,17 +79,21 @@ def _missing_references(text, base_dir):
             missing.append(target)
     for m in _PATH.finditer(text):
         path = m.group(1).rstrip(".")
-        if path.startswith("../") or path.startswith(".device/"):
-            missing.append(path)  # outside the repository, or a scratch folder
-            continue
-        if "*" in path:
-            import glob
-
-            if not glob.glob(os.path.join(ROOT, path)):
-                missing.append(path)
-        elif not os.path.exists(os.path.join(ROOT, path)):
+        if _not_in_repository(path):
             missing.append(path)
     return missing
+
+
+def _not_in_repository(path):
+    """Whether ``path`` (relative to the checkout; ``*`` a wildcard) names nothing in it: a path
+    outside the repository or in a scratch folder, or one that does not exist."""
+    if path.startswith(("../", ".device/")):
+        return True
+    if "*" in path:
+        import glob
+
+        return not glob.glob(os.path.join(ROOT, path))
+    return not os.path.exists(os.path.join(ROOT, path))
 
 
 def test_docs_name_only_files_in_the_repository():
@@ -152,20 +156,8 @@ def _source_files():
 
 
 def _missing_in_code(text):
-    missing = []
-    for m in _CODE_PATH.finditer(text):
-        for path in _expand(m.group(1).rstrip(".,:;)")):
-            path = path.rstrip(".,:;)")
-            if path.startswith(("../", ".device/")):
-                missing.append(path)  # outside the repository, or a scratch folder
-            elif "*" in path:
-                import glob
-
-                if not glob.glob(os.path.join(ROOT, path)):
-                    missing.append(path)
-            elif not os.path.exists(os.path.join(ROOT, path)):
-                missing.append(path)
-    return missing
+    paths = [p.rstrip(".,:;)") for m in _CODE_PATH.finditer(text) for p in _expand(m.group(1).rstrip(".,:;)"))]
+    return [p for p in paths if _not_in_repository(p)]
 
 
 def test_code_names_only_files_in_the_repository():
