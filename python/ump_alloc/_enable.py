@@ -241,10 +241,20 @@ def _warn_if_forkserver_running() -> None:
 
 
 def enable_auto(**libs: Any) -> None:
-    """``UMP_ALLOC=1``: what the import hooks switch over joins one frame, at the bottom of
-    the stack, so that one :func:`disable` undoes it all (and a program's own ``enable()`` calls
-    still nest above it)."""
-    enable(**libs)
+    """``UMP_ALLOC=1``: switch over the library being imported (the import hooks of
+    ``_ump_alloc_hooks`` pass ``numpy=True``, ``cupy=None`` or ``torch=None``; the others stay
+    off). What the import hooks switch over joins one frame, at the bottom of the stack, so that
+    one :func:`disable` undoes it all (and a program's own ``enable()`` calls still nest above
+    it). A failure raises :class:`UmpError` saying that ``UMP_ALLOC`` is set, and what to do."""
+    try:
+        enable(**{"numpy": False, "cupy": False, "torch": False, **libs})
+    except UmpError as e:
+        lib = next(k for k, v in libs.items() if v is not False)
+        raise UmpError(
+            f"UMP_ALLOC is set, but ump-alloc cannot switch {lib} over: {e}. Fix the setting "
+            "(python -m ump_alloc info shows them all), or unset UMP_ALLOC to run without ump-alloc.",
+            e.status,
+        ) from None
     frame = _frames.pop()
     for f in _frames:
         if f.auto:
@@ -316,3 +326,6 @@ def handles(array: object) -> bool:
     from . import _numpy
 
     return _numpy.handles(array)
+
+
+_hooks.set_switch(enable_auto)  # what UMP_ALLOC=1's import hooks call
