@@ -1,12 +1,17 @@
 """ump-alloc's start-up hook (``ump_alloc.pth`` calls :func:`autoload` when ``UMP_ALLOC`` is set)
 and post-import hooks: run a function right after a module finishes importing.
 
-A top-level module on purpose: importing ``ump_alloc`` imports NumPy and ctypes, and
-``UMP_ALLOC=1`` must import nothing at interpreter start (every Python command would pay for
-it, ``pip --version`` included). Each library is hooked the moment the program imports it, which
-for PyTorch is also the last moment a pluggable allocator can be installed: before the first
-CUDA tensor. A configuration error then raises from that import statement, so the program
-stops there with the message, never runs on another allocator than the one asked for.
+A top-level module on purpose: importing ``ump_alloc`` imports ctypes, dataclasses and the
+package's modules, and ``UMP_ALLOC=1`` must import nothing at interpreter start (every Python
+command would pay for it, ``pip --version`` included). Each library is hooked the moment the
+program imports it, which for PyTorch is also the last moment a pluggable allocator can be
+installed: before the first CUDA tensor. A configuration error then raises from that import
+statement, so the program stops there with the message, never runs on another allocator than
+the one asked for.
+
+The package uses this module (its post-import hooks are these); this module knows the package
+only by the name ``ump_alloc.pth`` gives :func:`autoload`, and calls what the package hands
+over as it loads (:func:`set_switch`), so the two do not import each other.
 """
 
 from __future__ import annotations
@@ -88,30 +93,35 @@ def cancel(name: str) -> None:
         _hooks.pop(name, None)
 
 
+_package = None  # the package autoload() loads when a library it switches is imported
+_switch = None  # what switches a library over: the package's, handed over by set_switch
+
+
+def set_switch(switch) -> None:
+    """Called by ``ump_alloc`` as it loads: the function :func:`autoload`'s hooks call, with
+    ``numpy=True``, ``cupy=None`` or ``torch=None``, as each library is imported."""
+    global _switch
+    _switch = switch
+
+
 def _enable(**libs) -> None:
-    import ump_alloc
-
-    try:
-        ump_alloc._enable_auto(**{"numpy": False, "cupy": False, "torch": False, **libs})
-    except ump_alloc.UmpError as e:
-        lib = next(k for k, v in libs.items() if v is not False)
-        raise ump_alloc.UmpError(
-            f"UMP_ALLOC is set, but ump-alloc cannot switch {lib} over: {e}. Fix the setting "
-            "(python -m ump_alloc info shows them all), or unset UMP_ALLOC to run without ump-alloc.",
-            e.status,
-        ) from None
+    if _switch is None:
+        __import__(_package)  # as it loads, the package hands its switch over (set_switch)
+    _switch(**libs)
 
 
-def autoload() -> None:
-    """Hook NumPy, CuPy and PyTorch: each is switched over to ump-alloc right after its import.
+def autoload(package: str) -> None:
+    """Hook NumPy, CuPy and PyTorch: right after each one's import, ``package`` (``ump_alloc``,
+    named by ``ump_alloc.pth``) is loaded and its switch (:func:`set_switch`) switches it over.
     Any value of ``UMP_ALLOC`` but empty and ``0`` gets here; the value itself is checked with
     the rest of the configuration at the first of those imports. Idempotent: site may process
     the ``.pth`` file once per path that leads to site-packages (a venv's ``lib64`` link)."""
-    global _autoloaded
+    global _autoloaded, _package
     with _lock:
         if _autoloaded:
             return
         _autoloaded = True
+        _package = package
     when_imported("numpy", lambda _m: _enable(numpy=True))
     when_imported("cupy", lambda _m: _enable(cupy=None))
     when_imported("torch", lambda _m: _enable(torch=None))

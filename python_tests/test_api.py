@@ -10,7 +10,7 @@ import pytest
 from conftest import run_python
 
 import ump_alloc
-from ump_alloc import UmpError
+from ump_alloc import UmpError, _enable
 
 
 def test_enable_disable_nest():
@@ -150,7 +150,7 @@ def run(method):
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_children_reach_spawn_and_forkserver(method, tmp_path):
-    if not ump_alloc._pth_installed():
+    if not _enable.pth_installed():
         pytest.skip("ump_alloc.pth is not in site-packages (run through scripts/test.sh)")
     (tmp_path / "childmod.py").write_text(_CHILD_MODULE)
     env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

@@ -130,9 +130,9 @@ def test_numpy_bench_runs_the_same_workloads():
 def test_runs_not_on_the_allocator_they_name_stop_the_bench(monkeypatch, capsys):
     """UMP_ALLOC=1 without ump_alloc.pth switches nothing on: the comparison would be the
     default with itself. The bench refuses up front, and each run checks what it measured."""
-    import ump_alloc
+    from ump_alloc import _enable
 
-    monkeypatch.setattr(ump_alloc, "_pth_installed", lambda: False)
+    monkeypatch.setattr(_enable, "pth_installed", lambda: False)
     assert _bench.main(["--quick"]) == 2
     assert "needs ump_alloc.pth in site-packages" in capsys.readouterr().err
     monkeypatch.setitem(_bench._WORKERS, "numpy", "import json; print(json.dumps({'x (ms)': 1.0, 'on ump-alloc': False}))")

@@ -11,10 +11,11 @@ import pytest
 from conftest import run_python
 
 import ump_alloc
+from ump_alloc import _enable
 
 
 def _pth():
-    if not ump_alloc._pth_installed():
+    if not _enable.pth_installed():
         pytest.skip("ump_alloc.pth is not in site-packages (run through scripts/test.sh)")
 
 

@@ -79,17 +79,21 @@ def _missing_references(text, base_dir):
             missing.append(target)
     for m in _PATH.finditer(text):
         path = m.group(1).rstrip(".")
-        if path.startswith("../") or path.startswith(".device/"):
-            missing.append(path)  # outside the repository, or a scratch folder
-            continue
-        if "*" in path:
-            import glob
-
-            if not glob.glob(os.path.join(ROOT, path)):
-                missing.append(path)
-        elif not os.path.exists(os.path.join(ROOT, path)):
+        if _not_in_repository(path):
             missing.append(path)
     return missing
+
+
+def _not_in_repository(path):
+    """Whether ``path`` (relative to the checkout; ``*`` a wildcard) names nothing in it: a path
+    outside the repository or in a scratch folder, or one that does not exist."""
+    if path.startswith(("../", ".device/")):
+        return True
+    if "*" in path:
+        import glob
+
+        return not glob.glob(os.path.join(ROOT, path))
+    return not os.path.exists(os.path.join(ROOT, path))
 
 
 def test_docs_name_only_files_in_the_repository():
@@ -123,3 +127,79 @@ def test_readme_configuration_table_matches_the_library():
     assert readme, "no configuration table found in the README"
     assert library - readme == set(), f"variables `info` lists that the README does not: {sorted(library - readme)}"
     assert readme - library == set(), f"README variables the library does not know: {sorted(readme - library)}"
+
+
+# Paths in code: the same roots as in the docs, written without backticks, with brace lists
+# (`src/pool/{mod,slab}.rs`). `./` is left out: in code comments it names a program just built.
+_CODE_PATH = re.compile(
+    r"(?<![\w/.-])((?:\.\./|\.device/|benches/|src/|python/|python_tests/|tests/|scripts/|docs/|include/|\.ci/)"
+    r"[\w./*{},-]*)"
+)
+
+
+def _expand(path):
+    """``src/pool/{mod,slab}.rs`` -> ``["src/pool/mod.rs", "src/pool/slab.rs"]``."""
+    m = re.search(r"\{([^{}]*)\}", path)
+    if not m:
+        return [path]
+    return [p for alt in m.group(1).split(",") for p in _expand(path[: m.start()] + alt + path[m.end():])]
+
+
+def _source_files():
+    """Every Rust file under src/ and Python file under python/, relative to the checkout."""
+    out = []
+    for top, ext in (("src", ".rs"), ("python", ".py")):
+        for d, dirs, names in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [x for x in dirs if x != "__pycache__" and not x.endswith(".egg-info")]
+            out += [os.path.relpath(os.path.join(d, n), ROOT) for n in names if n.endswith(ext)]
+    return sorted(out)
+
+
+def _missing_in_code(text):
+    paths = [p.rstrip(".,:;)") for m in _CODE_PATH.finditer(text) for p in _expand(m.group(1).rstrip(".,:;)"))]
+    return [p for p in paths if _not_in_repository(p)]
+
+
+def test_code_names_only_files_in_the_repository():
+    """Comments and docstrings of src/ and python/ name no file outside the repository and none
+    that was renamed or removed."""
+    problems = {}
+    for f in _source_files():
+        with open(os.path.join(ROOT, f)) as fh:
+            bad = _missing_in_code(fh.read())
+        if bad:
+            problems[f] = sorted(set(bad))
+    assert not problems, problems
+
+
+def test_code_reference_check_can_fail():
+    """Control: a file outside the repository, a renamed one and one of a brace list that does
+    not exist are reported; existing ones are not."""
+    text = "//! see ../shared/DEVICE.md, src/prim/cuda.rs and src/pool/{mod,nope}.rs (src/lib.rs)."
+    assert sorted(_missing_in_code(text)) == ["../shared/DEVICE.md", "src/pool/nope.rs", "src/prim/cuda.rs"]
+
+
+def _architecture_modules(readme):
+    """The .rs and .py files the README's architecture drawing names (brace lists expanded)."""
+    section = readme.split("## Architecture", 1)
+    assert len(section) == 2, "README.md has no 'Architecture' section"
+    m = re.search(r"```\n(.*?)```", section[1], re.S)
+    assert m, "the Architecture section has no drawing (a ``` block)"
+    tokens = re.findall(r"(?:src|python)/(?:[\w/.]|\{[\w,]*\})*\.(?:rs|py)\b", m.group(1))
+    return {p for t in tokens for p in _expand(t)}
+
+
+def test_architecture_names_every_module():
+    """The README's architecture drawing names every Rust file of src/ and Python file of
+    python/, and only files that exist."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        named = _architecture_modules(f.read())
+    modules = set(_source_files())
+    assert modules - named == set(), f"modules the architecture does not name: {sorted(modules - named)}"
+    assert named - modules == set(), f"the architecture names files that do not exist: {sorted(named - modules)}"
+
+
+def test_architecture_check_can_fail():
+    """Control: a drawing that lists a brace list and a single file is read as those files."""
+    readme = "## Architecture\n\n```\nsrc/pool/{mod,slab}.rs  pools\npython/ump_alloc/_lib.py  ctypes\n```\n"
+    assert _architecture_modules(readme) == {"src/pool/mod.rs", "src/pool/slab.rs", "python/ump_alloc/_lib.py"}

@@ -14,6 +14,7 @@ import pytest
 from conftest import GPU, run_python
 
 import ump_alloc
+from ump_alloc import _enable
 
 
 def _env(extra):
@@ -38,7 +39,7 @@ def _program(extra, code="import numpy as np\nprint('ran', np.zeros(6).sum())"):
 
 
 def _pth():
-    if not ump_alloc._pth_installed():
+    if not _enable.pth_installed():
         pytest.skip("ump_alloc.pth is not in site-packages (run through scripts/test.sh)")
 
 

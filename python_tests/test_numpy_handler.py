@@ -191,8 +191,8 @@ def test_allocating_block_works_on_both_routes(route):
     code = (NO_NUMPY_ALLOCATOR if route == "native" else "") + textwrap.dedent(
         """
         import numpy as np, ump_alloc
-        from ump_alloc import _numpy
-        ump_alloc._init()
+        from ump_alloc import _config, _numpy
+        _config.init()
         with _numpy.allocating():
             a = np.empty(1 << 20, np.uint8)
         b = np.empty(10)

@@ -8,8 +8,7 @@
 //! a view does to managed pages ([`Plan::view_move`]); the Python package makes the copy or
 //! the view.
 //!
-//! The rule, on a PCIe machine without HMM/ATS (the lent H100/H200; rates from
-//! `../shared/DEVICE.md`):
+//! The rule, on a PCIe machine without HMM/ATS (the lent H100/H200; rates below):
 //! - **A view** where a view moves nothing (host memory read by the host, managed pages already
 //!   where the reader is), where managed memory goes to the device (a stream-ordered prefetch
 //!   moves it at DMA speed, 48 against 51 GB/s, with no second array), where the reader touches
@@ -113,8 +112,9 @@ pub struct Plan {
     pub reason: &'static str,
 }
 
-// Rates measured on the lent H100/H200 (PCIe, no HMM/ATS; ../shared/DEVICE.md), in bytes per
-// second. Only their ratios enter the decision.
+// Rates measured on the lent H100/H200 (PCIe, no HMM/ATS; 1 GiB of float32, 2026-11-21 and
+// 2026-11-22; the DMA and kernel rates are also in docs/BENCHMARKS.md, sections 4, 6 and 14), in
+// bytes per second. Only their ratios enter the decision.
 /// DMA copy between pinned host memory and device memory, either way (51-55 GB/s).
 const DMA: f64 = 52e9;
 /// A kernel reading pinned host memory over PCIe: half of the 85 GB/s an elementwise kernel
@@ -377,7 +377,10 @@ pub fn facts_of(
 
 /// The configured `UMP_ALLOC_PREFETCH_MIN`.
 pub fn prefetch_min() -> usize {
-    allocator::env_config().map_or(crate::config::DEFAULT_PREFETCH_MIN, |c| c.prefetch_min)
+    allocator::env_config().map_or_else(
+        |_| crate::config::Config::default().prefetch_min,
+        |c| c.prefetch_min,
+    )
 }
 
 /// [`facts`] then [`decide`].

@@ -518,15 +518,19 @@ fn forty_children_and_a_churning_parent_leave_nothing_behind() {
     for i in 0..40u64 {
         let snapshot = data.clone();
         pids.push(fork_child(move || {
-            let ok = snapshot.iter().zip(&sizes).enumerate().all(|(j, (&b, &n))| {
-                // The smallest array is replaced every round (seed 100 + i since round 1).
-                let seed = match (j, i) {
-                    (3, 0) => 3,
-                    (3, _) => 100 + i,
-                    _ => j as u64,
-                };
-                holds(b, n, seed)
-            });
+            let ok = snapshot
+                .iter()
+                .zip(&sizes)
+                .enumerate()
+                .all(|(j, (&b, &n))| {
+                    // The smallest array is replaced every round (seed 100 + i since round 1).
+                    let seed = match (j, i) {
+                        (3, 0) => 3,
+                        (3, _) => 100 + i,
+                        _ => j as u64,
+                    };
+                    holds(b, n, seed)
+                });
             if i % 5 == 0 {
                 let g = fork_child(|| true);
                 return ok && wait(g) == 0;

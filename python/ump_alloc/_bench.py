@@ -269,11 +269,12 @@ def check_ready() -> None:
     ``ump_alloc.pth`` the variable switches nothing on (each run also checks, in its own
     interpreter, which allocator it measured)."""
     import ump_alloc
+    from ump_alloc import _enable
 
     for p in ump_alloc.config_errors():
         if p.startswith("configuration error:"):
             raise BenchError(f"{p} (python -m ump_alloc info shows the configuration)")
-    if not ump_alloc._pth_installed():
+    if not _enable.pth_installed():
         raise BenchError("the ump-alloc runs switch on through UMP_ALLOC=1, which needs ump_alloc.pth in "
                          "site-packages: install the package with pip (pip install . in a checkout); "
                          "PYTHONPATH alone does not run .pth files")

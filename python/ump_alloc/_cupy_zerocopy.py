@@ -23,7 +23,7 @@ _orig: dict = {}
 
 
 def _ours(ptr: int, need: str) -> bool:
-    from . import identify
+    from ._identity import identify
 
     try:
         ident = identify(int(ptr))

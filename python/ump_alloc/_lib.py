@@ -302,7 +302,7 @@ SIGNATURES = {
 class UmpError(RuntimeError):
     """An error reported by libump_alloc, with its status code (``.status``)."""
 
-    def __init__(self, message: str, status: int = ERR_INTERNAL):
+    def __init__(self, message: str, status: int = ERR_INTERNAL) -> None:
         super().__init__(message)
         self.status = status
         self.status_name = STATUS_NAMES.get(status, str(status))

@@ -279,7 +279,7 @@ def _patch_ipc(torch) -> None:
 def ipc_hint(ptr: int) -> str | None:
     """Why CUDA IPC cannot export the ump-alloc memory at ``ptr``, with the fix; None when it is
     not ump-alloc memory or can be exported."""
-    from . import identify
+    from ._identity import identify
 
     ident = identify(ptr)
     if not ident.ours or ident.device < 0:

@@ -161,7 +161,7 @@ def _typestr(t):
 
 
 def _identity(t):
-    from . import identify
+    from ._identity import identify
 
     try:
         return identify(t.data_ptr())

@@ -125,7 +125,7 @@ def decide_transfer(
     resident: str = "unknown",
     coherent: bool = False,
     nbytes: int = 1 << 30,
-    touch=None,
+    touch: float | None = None,
 ) -> TransferPlan:
     """What ump-alloc decides for data of ``nbytes`` in ``memory`` (``"pageable"``, ``"pinned"``,
     ``"managed"``, ``"device"``) whose pages are ``resident`` on ``"host"``, ``"device"`` or

@@ -13,7 +13,8 @@ share memory.
 from __future__ import annotations
 
 import ctypes
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -23,7 +24,17 @@ from . import _lib, _transfer
 class ZeroCopyBuffer:
     """Exposes another library's memory through the array interfaces, keeping it alive."""
 
-    def __init__(self, owner, ptr, shape, typestr, strides, readonly=False, cuda=False, stream=None):
+    def __init__(
+        self,
+        owner: object,
+        ptr: int,
+        shape: Sequence[int],
+        typestr: str,
+        strides: Sequence[int] | None,
+        readonly: bool = False,
+        cuda: bool = False,
+        stream: object = None,
+    ) -> None:
         self.owner = owner
         iface = {
             "data": (ptr, readonly),
@@ -105,7 +116,7 @@ def _host_empty(shape, dtype, order="C"):
     """An empty NumPy array for a copy from the GPU: on ump-alloc's host side (pinned memory
     where the mode has it, so the DMA runs at link speed) once ump-alloc is initialised, else
     from NumPy's current allocator."""
-    from . import mode
+    from ._library import mode
 
     if mode() in ("unset", "host"):
         return np.empty(shape, dtype, order=order)
@@ -171,7 +182,7 @@ def _resolve(plan: _transfer.TransferPlan, copy, why_not_view: str | None = None
     return True
 
 
-def asnumpy(x, stream=None, *, copy=None, touch=None):
+def asnumpy(x: Any, stream: Any = None, *, copy: bool | None = None, touch: float | None = None) -> np.ndarray:
     """A NumPy array of GPU array ``x`` (CuPy array or torch CUDA tensor), made the faster way
     for a host that reads ``touch`` of it; a NumPy array is returned as it is (as
     ``cupy.asnumpy`` does; ``copy=True`` copies it).
@@ -238,7 +249,15 @@ def _copy_to_device(a, like, dev, handle):
     return g
 
 
-def asarray(a, like="cupy", stream=None, device=None, *, copy=None, touch=None):
+def asarray(
+    a: Any,
+    like: str = "cupy",
+    stream: Any = None,
+    device: int | None = None,
+    *,
+    copy: bool | None = None,
+    touch: float | None = None,
+) -> Any:
     """A CuPy array (``like="cupy"``) or torch CUDA tensor (``like="torch"``) of NumPy array
     ``a``, made the faster way for kernels that read ``touch`` of it.
 
@@ -306,7 +325,9 @@ def asarray(a, like="cupy", stream=None, device=None, *, copy=None, touch=None):
         return torch.as_tensor(buf, device=f"cuda:{dev}")
 
 
-def transfer_plan(x, to=None, *, touch=None, device=None) -> _transfer.TransferPlan:
+def transfer_plan(
+    x: Any, to: str | None = None, *, touch: float | None = None, device: int | None = None
+) -> _transfer.TransferPlan:
     """What :func:`asnumpy` (``to="host"``) or :func:`asarray` (``to="device"``) would do with
     ``x`` by default, and why: a :class:`TransferPlan`. ``to`` defaults to ``"host"`` for a CuPy
     array or torch tensor and ``"device"`` for a NumPy array; ``touch`` as in those functions;
@@ -337,7 +358,7 @@ def _extent(x):
     raise TypeError(f"cannot locate the memory of {type(x).__name__}")
 
 
-def is_zero_copy(a, b) -> bool:
+def is_zero_copy(a: Any, b: Any) -> bool:
     """Whether arrays ``a`` and ``b`` (NumPy, CuPy or torch, any mix) share memory."""
     s1, n1 = _extent(a)
     s2, n2 = _extent(b)

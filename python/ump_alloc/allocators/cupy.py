@@ -24,7 +24,8 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import cupy
 
-    from .. import _cupy, _lib, mode
+    from .. import _cupy, _lib
+    from .._library import mode
 
     _lib.check(_lib.lib().ump_init(), "ump_init")
     if mode() in ("host", "unset"):

@@ -1,11 +1,11 @@
 //! Every CUDA driver call of ump-alloc, and nothing else.
 //!
 //! Types and enum values come from cudarc's driver bindings (`cudarc::driver::sys`). The
-//! library itself is opened here rather than through cudarc's loader, for three reasons that
-//! ../shared/CONTRACTS.md records: cudarc panics when libcuda is missing or a symbol is absent
-//! (no panic may cross our C ABI), it tries `libcuda.so` before `libcuda.so.1` (so a toolkit
-//! stub on LD_LIBRARY_PATH wins), and a driver older than 12.2 lacks the `_v2` prefetch and
-//! advise entry points, which must degrade to "unavailable", not abort.
+//! library itself is opened here rather than through cudarc's loader, for three reasons:
+//! cudarc panics when libcuda is missing or a symbol is absent (no panic may cross our C ABI),
+//! it tries `libcuda.so` before `libcuda.so.1` (so a toolkit stub on LD_LIBRARY_PATH wins), and
+//! a driver older than 12.2 lacks the `_v2` prefetch and advise entry points, which must
+//! degrade to "unavailable", not abort.
 //!
 //! Results are read as plain integers (`CuResult`), never as cudarc's `CUresult` enum: a driver
 //! may return a code the enum does not list.
