@@ -14,6 +14,9 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from gpu_checks import _record_stream_trials  # noqa: E402  (the issue-11 scenario, shared)
 
 
 def _route():
@@ -516,35 +519,6 @@ def segments_late_enable_and_disable():
     print("PASS")
 
 
-def _record_stream_trials(torch, record, trials=10):
-    """x filled on the default stream and read on a side stream behind a 30 ms kernel;
-    x.record_stream(side) (or not), del x; a new tensor of the same size on the default stream
-    is written at once. Returns (wrong sums, reuses of x's memory)."""
-    side = torch.cuda.Stream()
-    n = 16 << 20
-    gen = torch.Generator(device="cpu").manual_seed(11)
-    wrong = reused = 0
-    for _ in range(trials):
-        host = torch.randint(1, 1 << 20, (n,), generator=gen, dtype=torch.int32)
-        expected = int(host.sum(dtype=torch.int64))
-        x = host.cuda()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(int(30e-3 * 1.5e9))
-            total = x.sum(dtype=torch.int64)
-        if record:
-            x.record_stream(side)
-        ptr = x.data_ptr()
-        del x
-        y = torch.full((n,), -7, dtype=torch.int32, device="cuda")  # the poison
-        reused += y.data_ptr() == ptr
-        side.synchronize()
-        wrong += int(total.item()) != expected
-        del y, total
-        torch.cuda.synchronize()
-    return wrong, reused
-
-
 def segments_record_stream():
     """record_stream on the segments route is PyTorch's own: a recorded block is not reused under
     the side stream. The control (no record_stream) shows the corruption, so the check can fail.
@@ -552,10 +526,10 @@ def segments_record_stream():
     import torch
 
     assert _route() == "segments", _route()
-    wrong, reused = _record_stream_trials(torch, record=False)
+    wrong, reused = _record_stream_trials(record=False)
     print(f"control, no record_stream: {wrong}/10 wrong sums, {reused}/10 reused at once")
     assert reused > 0 and wrong > 0, "the control did not reproduce the race: the check cannot fail"
-    wrong, reused = _record_stream_trials(torch, record=True)
+    wrong, reused = _record_stream_trials(record=True)
     print(f"record_stream: {wrong}/10 wrong sums, {reused}/10 reused at once")
     assert wrong == 0
     s = torch.cuda.Stream()
