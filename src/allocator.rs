@@ -11,6 +11,7 @@ use crate::error::{Error, Result, Status};
 use crate::host::HostPools;
 use crate::mode::{DeviceSide, HostSide, MachineCaps, Mode, ModeRequest, Selection};
 use crate::pool::{self, BlockInfo, Pool};
+use crate::prim::fork::lock;
 use crate::prim::{cuda, os};
 use crate::stats::{
     PoolStats, STATS_DEVICES, STATS_KINDS, UMP_STATS_VERSION, ump_stats, ump_usage,
@@ -94,10 +95,6 @@ static ENV: OnceLock<Result<Config>> = OnceLock::new();
 static CAPS: OnceLock<MachineCaps> = OnceLock::new();
 static STATE: OnceLock<Allocator> = OnceLock::new();
 static INIT: Mutex<()> = Mutex::new(());
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The configuration from the environment, read and validated once (under `INIT`, so that
 /// no initialisation is half done at a fork; never call it with `INIT` held).
@@ -922,7 +919,7 @@ pub fn trim() -> usize {
 }
 
 /// Before `fork()`: take every allocator lock in the global order (see `crate::fork`).
-pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
+pub(crate) fn fork_prepare(held: &mut crate::prim::fork::Held) {
     held.push(lock(&INIT));
     held.push(lock(&OVERRIDES));
     cuda::fork_lock_load(held);

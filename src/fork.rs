@@ -19,35 +19,19 @@
 //!
 //! In the child, the shared pinned memory is mapped again, private (`backing::shared`), and
 //! the caches of threads that do not exist there go back to their pools.
+//!
+//! This is the protocol; the mechanism (the registration, the child flag, the guards held and
+//! the lock helper every module takes its locks with) is `prim::fork`'s, at the bottom.
 
-use std::any::Any;
+use crate::prim::fork::{ForkHandlers, Held, at_fork};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Lock guards held across a fork, released in the parent and the child.
-pub(crate) struct Held(Vec<Box<dyn Any>>);
-
-impl Held {
-    /// Keep `guard` until the fork is over.
-    pub(crate) fn push<G: 'static>(&mut self, guard: G) {
-        self.0.push(Box::new(guard));
-    }
-}
 
 thread_local! {
     static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
 
-/// Set in a child process made by `fork()`.
-static CHILD: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process is a `fork()` child of a process that had ump-alloc loaded.
-pub fn is_fork_child() -> bool {
-    CHILD.load(Ordering::Relaxed)
-}
-
 fn prepare() {
-    let mut held = Held(Vec::new());
+    let mut held = Held::default();
     crate::allocator::fork_prepare(&mut held);
     HELD.with(|h| *h.borrow_mut() = Some(held));
 }
@@ -59,7 +43,6 @@ fn parent() {
 }
 
 fn child() {
-    CHILD.store(true, Ordering::Relaxed);
     crate::prim::cuda::after_fork_child();
     HELD.with(|h| h.borrow_mut().take());
     // Before anything else touches memory made before the fork.
@@ -70,7 +53,7 @@ fn child() {
 
 /// Register the fork handlers (at library load).
 pub(crate) fn install() {
-    crate::prim::os::at_fork(crate::prim::os::ForkHandlers {
+    at_fork(ForkHandlers {
         prepare,
         parent,
         child,

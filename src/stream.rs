@@ -39,8 +39,9 @@
 
 use crate::backing::{Backing, Chunk};
 use crate::error::Result;
-use crate::pool::{Group, Pool, lock};
+use crate::pool::{Group, Pool};
 use crate::prim::cuda;
+use crate::prim::fork::lock;
 use crate::stats::PoolStats;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -443,7 +444,7 @@ impl StreamPools {
     }
 
     /// Fork: the recorded-stream table (after the orphans, before the driver's event cache).
-    pub(crate) fn fork_lock_recorded(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_recorded(&'static self, held: &mut crate::prim::fork::Held) {
         held.push(lock(&self.recorded));
     }
 
@@ -462,19 +463,19 @@ impl StreamPools {
     }
 
     /// Fork: the lock that makes and recycles pools (taken before any pool's locks).
-    pub(crate) fn fork_lock_create(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_create(&'static self, held: &mut crate::prim::fork::Held) {
         held.push(lock(&self.create));
     }
 
     /// Fork: the backing's own lock (a virtual-memory space), after the recorded-stream table.
-    pub(crate) fn fork_lock_backing(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_backing(&'static self, held: &mut crate::prim::fork::Held) {
         if let Some(g) = self.backing.fork_lock() {
             held.push(g);
         }
     }
 
     /// Fork: the orphan list (taken after every pool's large lock).
-    pub(crate) fn fork_lock_orphans(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_orphans(&'static self, held: &mut crate::prim::fork::Held) {
         held.push(lock(&self.orphans));
     }
 }

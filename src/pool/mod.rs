@@ -28,10 +28,11 @@
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
 use crate::prim::cuda;
+use crate::prim::fork::lock;
 use crate::registry::{self, GRANULE};
 use crate::stats::PoolStats;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 mod chunk;
 mod class;
@@ -78,12 +79,6 @@ pub(crate) const MAX_REQUEST: usize = isize::MAX as usize / 2;
 const TAG_SPAN: usize = 1;
 const TAG_SLAB: usize = 2;
 const TAG_MASK: usize = 3;
-
-/// Lock a mutex, ignoring poisoning: a panic caught at the C boundary must not wedge the pool.
-/// Every critical section keeps the state consistent at each point a panic could occur.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// What a stream-ordered pool needs from the set of pools of its device (implemented one
 /// layer up, by `stream::StreamPools`), so that dependencies point down.
@@ -712,19 +707,19 @@ impl Pool {
     }
 
     /// Fork: take this pool's class locks (all of them, in order).
-    pub(crate) fn fork_lock_classes(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_classes(&'static self, held: &mut crate::prim::fork::Held) {
         for c in self.classes.iter() {
             held.push(lock(c));
         }
     }
 
     /// Fork: take this pool's large lock.
-    pub(crate) fn fork_lock_large(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_large(&'static self, held: &mut crate::prim::fork::Held) {
         held.push(lock(&self.large));
     }
 
     /// Fork: take this pool's retire-event lock.
-    pub(crate) fn fork_lock_retire(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_retire(&'static self, held: &mut crate::prim::fork::Held) {
         held.push(lock(&self.retire_event));
     }
 }

@@ -12,6 +12,7 @@
 
 use crate::error::{Error, Result, Status};
 use crate::mode::{DeviceCaps, MachineCaps};
+use crate::prim::fork::lock;
 use cudarc::driver::sys::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUmem_advise, CUmemAccessDesc,
     CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemGenericAllocationHandle,
@@ -134,17 +135,13 @@ static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
 /// half done when the process forks (`fork_lock_load`).
 static LOAD: Mutex<()> = Mutex::new(());
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Fork: the loader lock (early in the order: probing nests it inside the allocator's init).
-pub(crate) fn fork_lock_load(held: &mut crate::fork::Held) {
+pub(crate) fn fork_lock_load(held: &mut crate::prim::fork::Held) {
     held.push(lock(&LOAD));
 }
 
 /// Fork: the event cache (late in the order: events are recorded under pool locks).
-pub(crate) fn fork_lock_events(held: &mut crate::fork::Held) {
+pub(crate) fn fork_lock_events(held: &mut crate::prim::fork::Held) {
     held.push(lock(&EVENT_CACHE));
 }
 
@@ -166,8 +163,9 @@ fn open_driver() -> std::result::Result<Driver, String> {
     });
     let lib = lib.ok_or_else(|| format!("no CUDA driver library ({})", tried.join("; ")))?;
     let d = Driver::load(lib)?;
-    // libcuda may register fork handlers of its own: ours must run first (see os::at_fork_again).
-    crate::prim::os::at_fork_again();
+    // libcuda may register fork handlers of its own: ours must run first (see
+    // fork::at_fork_again).
+    crate::prim::fork::at_fork_again();
     // SAFETY: cuInit has no preconditions.
     let rc = unsafe { (d.cuInit)(0) };
     match rc {
