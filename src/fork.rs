@@ -43,7 +43,6 @@ fn parent() {
 }
 
 fn child() {
-    crate::prim::cuda::after_fork_child();
     HELD.with(|h| h.borrow_mut().take());
     // Before anything else touches memory made before the fork.
     crate::backing::shared::fork_child();

@@ -56,6 +56,9 @@ macro_rules! driver_table {
         #[allow(non_snake_case)]
         struct Driver {
             _lib: libloading::Library,
+            /// The fork depth it was loaded at (`prim::fork::depth`): seen at another depth, it
+            /// was loaded by an ancestor before a `fork()`, and CUDA is unusable here.
+            depth: u32,
             $( $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
             $( $ofield: Option<unsafe extern "C" fn($($oarg),*) -> CuResult>, )*
         }
@@ -74,7 +77,7 @@ macro_rules! driver_table {
                         .get::<unsafe extern "C" fn($($oarg),*) -> CuResult>(concat!(stringify!($ofield), "\0").as_bytes())
                         .ok()
                         .map(|s| *s); )*
-                    Ok(Driver { _lib: lib, $($field,)* $($ofield,)* })
+                    Ok(Driver { _lib: lib, depth: crate::prim::fork::depth(), $($field,)* $($ofield,)* })
                 }
             }
         }
@@ -179,27 +182,16 @@ fn open_driver() -> std::result::Result<Driver, String> {
     }
 }
 
-/// Set in a `fork()` child of a process that had loaded the driver: CUDA state does not
-/// survive fork (a child touching managed memory dies, and driver calls fail), so no call
-/// reaches the driver there. A child of a process that never loaded it may, as a new process
-/// would.
-static FORK_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// In a `fork()` child: if the parent had loaded the driver, refuse every CUDA call from now on.
-pub(crate) fn after_fork_child() {
-    if DRIVER.get().is_some_and(|d| d.is_ok()) {
-        FORK_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// Whether this is a `fork()` child of a process that had loaded the CUDA driver (CUDA is
-/// unusable here).
+/// unusable here). CUDA state does not survive fork (a child touching managed memory dies, and
+/// driver calls fail), so no call reaches the driver there. A child of a process that never
+/// loaded it may, as a new process would.
 pub fn fork_poisoned() -> bool {
-    FORK_CHILD.load(std::sync::atomic::Ordering::Relaxed)
+    matches!(DRIVER.get(), Some(Ok(d)) if d.depth != crate::prim::fork::depth())
 }
 
 fn driver() -> Result<&'static Driver> {
-    if FORK_CHILD.load(std::sync::atomic::Ordering::Relaxed) {
+    if fork_poisoned() {
         return Err(Error::unsupported(
             "CUDA cannot be used in a fork() child of a process that used it; start workers \
              with multiprocessing's 'spawn' or 'forkserver' method (or torch's)",
