@@ -11,7 +11,7 @@ use crate::error::{Error, Result, Status};
 use crate::host::HostPools;
 use crate::mode::{DeviceSide, HostSide, MachineCaps, Mode, ModeRequest, Selection};
 use crate::pool::{self, BlockInfo, Pool};
-use crate::prim::fork::lock;
+use crate::prim::fork::{Held, lock};
 use crate::prim::{cuda, os};
 use crate::stats::{
     PoolStats, STATS_DEVICES, STATS_KINDS, UMP_STATS_VERSION, ump_stats, ump_usage,
@@ -458,6 +458,12 @@ impl Allocator {
             .pools()
             .chain(self.device_groups().into_iter().flat_map(|g| g.pools()))
             .collect()
+    }
+
+    /// Fork: the lock that makes device pool sets (after the CUDA loader's, before any pool
+    /// set's own).
+    pub(crate) fn fork_lock_device_pools(&'static self, held: &mut Held) {
+        held.push(lock(&self.device_pool_lock));
     }
 
     /// Whether device code can reach memory of `kind` on this machine.
@@ -918,44 +924,11 @@ pub fn trim() -> usize {
     })
 }
 
-/// Before `fork()`: take every allocator lock in the global order (see `crate::fork`).
-pub(crate) fn fork_prepare(held: &mut crate::prim::fork::Held) {
+/// Fork: the initialisation lock and the settings made before it (first in the order, see
+/// `crate::fork`).
+pub(crate) fn fork_lock_settings(held: &mut Held) {
     held.push(lock(&INIT));
     held.push(lock(&OVERRIDES));
-    cuda::fork_lock_load(held);
-    if let Some(a) = get() {
-        held.push(lock(&a.device_pool_lock));
-        let groups = a.device_groups();
-        for g in &groups {
-            g.fork_lock_create(held);
-        }
-        pool::tcache_fork_prepare(held);
-        let pools = a.pools();
-        for p in &pools {
-            p.fork_lock_classes(held);
-        }
-        for p in &pools {
-            p.fork_lock_large(held);
-        }
-        for p in &pools {
-            p.fork_lock_retire(held);
-        }
-        for g in &groups {
-            g.fork_lock_orphans(held);
-        }
-        for g in &groups {
-            g.fork_lock_recorded(held);
-        }
-        for g in &groups {
-            g.fork_lock_backing(held);
-        }
-    } else {
-        pool::tcache_fork_prepare(held);
-    }
-    cuda::fork_lock_events(held);
-    crate::scope::fork_lock(held);
-    crate::migrate::fork_lock(held);
-    crate::backing::shared::fork_prepare(held);
 }
 
 /// Set errno to ENOMEM (the malloc family's way of saying why NULL came back).
