@@ -618,7 +618,7 @@ mod tests {
         assert_ne!(y, x, "another stream must not reuse s1's block");
         assert_eq!(
             g.stats.mapped.load(Ordering::Relaxed),
-            mapped + crate::pool::ARENA,
+            mapped + crate::backing::ARENA,
             "s1's chunk is still in use, so s2 maps its own"
         );
         s2.free(y).unwrap();
@@ -694,7 +694,7 @@ mod tests {
             g.pools().len()
         );
         let m = g.stats.mapped.load(Ordering::Relaxed);
-        assert!(m <= 2 * crate::pool::ARENA, "{} MiB mapped", m >> 20);
+        assert!(m <= 2 * crate::backing::ARENA, "{} MiB mapped", m >> 20);
         assert_eq!(g.trim(), m);
         assert_eq!(g.stats.mapped.load(Ordering::Relaxed), 0);
     }

@@ -68,9 +68,6 @@ pub(crate) use tcache::{
 
 /// Largest request served from slabs; larger ones get spans of their own.
 pub(crate) const SMALL_MAX: usize = 256 << 10;
-/// Default size of a chunk that spans are cut from. Requests of half of it or more get a
-/// chunk of their own.
-pub(crate) const ARENA: usize = 64 << 20;
 /// Largest slab.
 const SLAB_MAX: usize = 4 << 20;
 /// Largest request accepted at all (keeps every size computation far from overflow).
