@@ -9,10 +9,11 @@ use crate::config::{self, Config};
 use crate::error::ERRORS;
 use crate::error::{Error, Result, Status};
 use crate::host::HostPools;
-use crate::mode::{DeviceSide, HostSide, MachineCaps, Mode, ModeRequest, Selection};
+use crate::mode::{DeviceSide, HostSide, Mode, ModeRequest, Selection};
 use crate::pool::{self, BlockInfo, Pool};
+use crate::prim::cuda::{self, MachineCaps};
 use crate::prim::fork::{Held, lock};
-use crate::prim::{cuda, os};
+use crate::prim::os;
 use crate::stats::{
     PoolStats, STATS_DEVICES, STATS_KINDS, UMP_STATS_VERSION, ump_stats, ump_usage,
 };

@@ -1,6 +1,55 @@
-//! The capability probe: the driver version and, per device, what decides which modes work.
+//! The capabilities that decide which modes work (the machine's and each device's), and the
+//! probe that reads them from the driver. Which mode they lead to is `mode`'s policy.
 
 use super::*;
+
+/// The capabilities of one device that decide which modes work.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCaps {
+    pub ordinal: i32,
+    pub name: String,
+    /// CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: the GPU can read pageable (malloc) memory.
+    pub pageable_memory_access: bool,
+    /// ..._USES_HOST_PAGE_TABLES: that access goes through the host page tables (ATS).
+    pub uses_host_page_tables: bool,
+    /// CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS.
+    pub concurrent_managed_access: bool,
+    /// CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED.
+    pub host_register_supported: bool,
+    /// CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM.
+    pub host_pointer_for_registered_mem: bool,
+    /// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, and the driver has every
+    /// `cuMem{AddressReserve,Create,Map,SetAccess,...}` call: device pools reserve address space
+    /// and map physical memory into it as they grow (`backing::vmm`).
+    pub virtual_memory: bool,
+    pub total_memory: u64,
+}
+
+/// The whole machine as far as modes are concerned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MachineCaps {
+    /// Why CUDA is not usable, if it is not (no libcuda, stub library, no device, old driver).
+    pub cuda_unavailable: Option<String>,
+    pub driver_version: i32,
+    /// Whether the driver has the `_v2` prefetch and advise calls (driver >= 12.2).
+    pub has_prefetch_v2: bool,
+    pub devices: Vec<DeviceCaps>,
+}
+
+impl MachineCaps {
+    /// A machine with no usable CUDA.
+    pub fn no_cuda(why: impl Into<String>) -> Self {
+        MachineCaps {
+            cuda_unavailable: Some(why.into()),
+            ..Default::default()
+        }
+    }
+
+    /// Whether every device reads pageable (malloc) memory: HMM or ATS everywhere.
+    pub fn pageable_everywhere(&self) -> bool {
+        !self.devices.is_empty() && self.devices.iter().all(|d| d.pageable_memory_access)
+    }
+}
 
 fn device_attr(d: &Driver, dev: CUdevice, attr: CUdevice_attribute) -> i32 {
     let mut v = 0;

@@ -18,7 +18,6 @@
 //! discards and prefetches) and `vmm` (virtual memory management).
 
 use crate::error::{Error, Result, Status};
-use crate::mode::{DeviceCaps, MachineCaps};
 use crate::prim::fork::lock;
 use cudarc::driver::sys::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUmem_advise, CUmemAccessDesc,
@@ -35,7 +34,7 @@ mod memory;
 mod pointer;
 mod stream;
 mod vmm;
-pub use caps::probe;
+pub use caps::{DeviceCaps, MachineCaps, probe};
 pub use event::Event;
 pub(crate) use event::fork_lock_events;
 pub use managed::{discard, discard_and_prefetch, has_discard};
