@@ -6,19 +6,15 @@ use crate::backing::{
     Backing, DeviceBacking, HostBacking, Kind, ManagedBacking, RegisteredBacking, Space, VmmBacking,
 };
 use crate::config::{self, Config};
-use crate::error::ERRORS;
 use crate::error::{Error, Result, Status};
 use crate::host::HostPools;
 use crate::mode::{DeviceSide, HostSide, Mode, ModeRequest, Selection};
-use crate::pool::{self, BlockInfo, Pool};
+use crate::pool::{self, BlockInfo, Pool, PoolStats};
 use crate::prim::cuda::{self, MachineCaps};
 use crate::prim::fork::{Held, lock};
 use crate::prim::os;
-use crate::stats::{
-    PoolStats, STATS_DEVICES, STATS_KINDS, UMP_STATS_VERSION, ump_stats, ump_usage,
-};
 use crate::stream::StreamPools;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
 
 /// The fixed state after initialisation.
@@ -406,9 +402,9 @@ impl Allocator {
         } else {
             usize::MAX
         };
-        let stats = Box::leak(Box::new(PoolStats::with_parent(crate::stats::device_side(
-            kind,
-        ))));
+        let stats = Box::leak(Box::new(PoolStats::with_parent(
+            crate::pool::stats::device_side(kind),
+        )));
         let g = StreamPools::new(
             device,
             make,
@@ -482,128 +478,6 @@ impl Allocator {
             Kind::UMP_KIND_FOREIGN_CUDA | Kind::UMP_KIND_UNKNOWN => false,
         }
     }
-}
-
-// ---- statistics ------------------------------------------------------------------------------
-
-/// Collect the counters of every pool.
-pub fn collect_stats() -> ump_stats {
-    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let mut s = ump_stats {
-        size: 0,
-        version: UMP_STATS_VERSION,
-        mode: crate::mode::ump_mode::UMP_MODE_UNSET,
-        device_count: 0,
-        total: ump_usage::default(),
-        host: ump_usage::default(),
-        host_kind: Kind::UMP_KIND_UNKNOWN,
-        device_kind: Kind::UMP_KIND_UNKNOWN,
-        kinds: [ump_usage::default(); STATS_KINDS],
-        devices: [ump_usage::default(); STATS_DEVICES],
-        streams: 0,
-        stream_waits: 0,
-        stream_syncs: 0,
-        scopes_open: crate::scope::open_count() as u64,
-        errors: c(&ERRORS.total),
-        errors_oom: c(&ERRORS.oom),
-        errors_invalid_free: c(&ERRORS.invalid_free),
-        errors_double_free: c(&ERRORS.double_free),
-        errors_bad_size: c(&ERRORS.bad_size),
-        errors_other: c(&ERRORS.other),
-        host_fallback_allocs: 0,
-        host_fallback_mapped: 0,
-        pinned: 0,
-        pinned_cap: 0,
-        device_reserved: [0; STATS_DEVICES],
-        device_discarded: [0; STATS_DEVICES],
-        device_largest_free: [0; STATS_DEVICES],
-        host_reserved: 0,
-        host_largest_free: 0,
-        host_reallocs_in_place: 0,
-        host_reallocs_copied: 0,
-        host_realloc_copied_bytes: 0,
-        host_fork_held: 0,
-        host_fork_held_blocks: 0,
-    };
-    let Some(a) = get() else {
-        return s;
-    };
-    crate::pool::flush_thread_counts();
-    s.mode = a.mode().to_c();
-    let host = a.host_pool();
-    // What no child may read any more is not counted as held.
-    host.release_held(true);
-    s.host_fork_held = host.stats.fork_held.load(Ordering::Relaxed) as u64;
-    s.host_fork_held_blocks = host.stats.fork_held_blocks.load(Ordering::Relaxed) as u64;
-    s.host = host.stats.usage();
-    s.host.cached = a.host.cached_bytes() as u64;
-    let (fb_allocs, fb_mapped) = a.host.fallback_usage();
-    s.host_fallback_allocs = fb_allocs;
-    s.host_fallback_mapped = fb_mapped as u64;
-    let (pinned, cap) = crate::backing::pinned();
-    s.pinned = pinned as u64;
-    s.pinned_cap = cap as u64;
-    for p in a.host.pools() {
-        let r = p.report();
-        s.host_reserved += r.reserved as u64;
-        s.host_largest_free = s.host_largest_free.max(r.largest_free as u64);
-    }
-    s.host_reallocs_in_place = c(&host.stats.reallocs_in_place);
-    s.host_reallocs_copied = c(&host.stats.reallocs_copied);
-    s.host_realloc_copied_bytes = c(&host.stats.realloc_copied_bytes);
-    s.host_kind = host.kind();
-    s.kinds[host.kind() as usize].add(&s.host);
-    s.total.add(&s.host);
-    for g in a.device_groups() {
-        let pools = g.pools();
-        let Some(first) = pools.first() else { continue };
-        let mut u = g.stats.usage();
-        u.cached = g.cached_bytes() as u64;
-        s.device_kind = first.kind();
-        s.kinds[first.kind() as usize].add(&u);
-        s.total.add(&u);
-        s.streams += pools.len() as u64;
-        s.stream_waits += g.waits.load(Ordering::Relaxed);
-        s.stream_syncs += g.syncs.load(Ordering::Relaxed);
-        if let Ok(i) = usize::try_from(g.device())
-            && i < STATS_DEVICES
-        {
-            s.devices[i] = u;
-            s.device_count = s.device_count.max(i as u32 + 1);
-            s.device_discarded[i] = c(&g.stats.discarded);
-            for r in g.reports() {
-                s.device_reserved[i] += r.reserved as u64;
-                s.device_largest_free[i] = s.device_largest_free[i].max(r.largest_free as u64);
-            }
-        }
-    }
-    s
-}
-
-/// A snapshot of every pool: the host side's (device -1; the primary, then the fallback) and
-/// each device's, one per stream.
-pub fn pool_reports() -> Vec<(i32, crate::pool::PoolReport)> {
-    let Some(a) = get() else {
-        return Vec::new();
-    };
-    let host = a.host.pools().map(|p| (-1, p.report()));
-    let devices = a
-        .device_groups()
-        .into_iter()
-        .flat_map(|g| g.reports().into_iter().map(move |r| (g.device(), r)));
-    host.chain(devices).collect()
-}
-
-/// Reset every peak to the current value.
-pub fn reset_peaks() {
-    let Some(a) = get() else {
-        return;
-    };
-    a.host_pool().stats.reset_peak();
-    for g in a.device_groups() {
-        g.stats.reset_peak();
-    }
-    crate::stats::reset_device_side_peaks();
 }
 
 // ---- the host malloc family (NumPy's contract) ---------------------------------------------

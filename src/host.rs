@@ -18,8 +18,8 @@ use crate::backing::{Backing, HostBacking, Kind, ManagedBacking, RegisteredBacki
 use crate::config::{Config, PinnedFork};
 use crate::error::{ErrorClass, Result, Status};
 use crate::mode::HostSide;
+use crate::pool::PoolStats;
 use crate::pool::{Alloc, Pool};
-use crate::stats::PoolStats;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 

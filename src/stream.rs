@@ -39,10 +39,10 @@
 
 use crate::backing::{Backing, Chunk};
 use crate::error::Result;
+use crate::pool::PoolStats;
 use crate::pool::{Group, Pool};
 use crate::prim::cuda;
 use crate::prim::fork::lock;
-use crate::stats::PoolStats;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -594,7 +594,7 @@ pub unsafe extern "C" fn ump_stats(out: *mut crate::stats::ump_stats) -> c_int {
         if out.is_null() {
             return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }
-        let s = allocator::collect_stats();
+        let s = crate::stats::collect_stats();
         // SAFETY: `out` is non-NULL and, per the contract, holds `size` writable bytes.
         unsafe { write_versioned(out, s) }
     })
@@ -605,7 +605,7 @@ pub unsafe extern "C" fn ump_stats(out: *mut crate::stats::ump_stats) -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_reset_peak() -> c_int {
     status("ump_reset_peak", || {
-        allocator::reset_peaks();
+        crate::stats::reset_peaks();
         Ok(())
     })
 }
@@ -656,7 +656,7 @@ pub unsafe extern "C" fn ump_pool_stat(index: usize, out: *mut ump_pool_stat) ->
         if out.is_null() {
             return super::fail(NAME, Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }
-        let reports = allocator::pool_reports();
+        let reports = crate::stats::pool_reports();
         let Some(&(device, r)) = reports.get(index) else {
             // Walking the list ends here: a caller's loop condition, not a failure to count.
             error::set_last(&format!(

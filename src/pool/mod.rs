@@ -30,7 +30,6 @@ use crate::error::{Error, Result};
 use crate::prim::cuda;
 use crate::prim::fork::lock;
 use crate::registry::{self, GRANULE};
-use crate::stats::PoolStats;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -42,10 +41,12 @@ mod hold;
 mod residency;
 mod slab;
 mod span;
+pub mod stats;
 mod tcache;
 
 pub use class::ClassTable;
 pub use residency::mark_away;
+pub use stats::PoolStats;
 
 use slab::{ClassState, Slab};
 use span::{Large, Span};
