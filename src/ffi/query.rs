@@ -1,6 +1,6 @@
 //! Queries and control: errors, configuration, capabilities, identity. Shared by every consumer.
 
-use super::{guard, status};
+use super::{copy_cstr, guard, status, write_versioned};
 use crate::allocator;
 use crate::backing::Kind;
 use crate::error::{self, ERRORS, Error, Status};
@@ -137,55 +137,6 @@ pub struct ump_identity {
     pub base: usize,
     /// Size of the block in bytes as requested (ours) or the driver's range size; else 0.
     pub block_size: usize,
-}
-
-pub(crate) fn copy_cstr(dst: &mut [c_char], s: &str) {
-    let n = s.len().min(dst.len() - 1);
-    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
-        *d = *b as c_char;
-    }
-    dst[n] = 0;
-}
-
-/// The bytes to write into versioned struct `out`: its `size` field (0: the whole struct),
-/// at most the whole struct, at least the size and version fields.
-///
-/// # Safety
-/// `out` is non-NULL and readable for its first u32.
-pub(crate) unsafe fn versioned_len<T>(out: *const T) -> crate::error::Result<usize> {
-    // SAFETY: the caller guarantees `out` is readable for its first u32.
-    let want = unsafe { out.cast::<u32>().read_unaligned() } as usize;
-    let full = std::mem::size_of::<T>();
-    let n = if want == 0 { full } else { want.min(full) };
-    if n < 8 {
-        return Err(Error::invalid(format!(
-            "size {want} is too small for this struct"
-        )));
-    }
-    Ok(n)
-}
-
-/// Write a versioned struct: honour the caller's `size` (first u32), write at most that many
-/// bytes, set `size` to the bytes written.
-///
-/// # Safety
-/// `out` points to at least `size` writable bytes (or `size_of::<T>()` when `size` is 0), and
-/// `T` starts with `size: u32, version: u32`.
-pub(crate) unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate::error::Result<()> {
-    // SAFETY: forwarded from the caller.
-    let n = unsafe { versioned_len(out) }?;
-    let full = std::mem::size_of::<T>();
-    // SAFETY: T starts with a u32 size field.
-    unsafe { (&mut val as *mut T).cast::<u32>().write(n as u32) };
-    if n == full {
-        // The common case: a fixed-size copy the compiler inlines.
-        // SAFETY: the caller provides `size_of::<T>()` writable bytes.
-        unsafe { out.write_unaligned(val) };
-        return Ok(());
-    }
-    // SAFETY: `n` bytes of `val` are readable and the caller provides `n` writable bytes.
-    unsafe { std::ptr::copy_nonoverlapping((&val as *const T).cast::<u8>(), out.cast::<u8>(), n) };
-    Ok(())
 }
 
 /// This thread's last error message, or NULL when there is none. The string stays valid until
