@@ -23,9 +23,6 @@
 // host side's memory).
 #define UMP_CAPABILITIES_VERSION 3
 
-// Version of `ump_identity`.
-#define UMP_IDENTITY_VERSION 1
-
 // Current version of `struct ump_pool_stat` (2: `reserved`).
 #define UMP_POOL_STAT_VERSION 2
 
@@ -35,6 +32,9 @@
 
 // Version of `ump_scope_report`.
 #define UMP_SCOPE_REPORT_VERSION 1
+
+// Version of `ump_identity`.
+#define UMP_IDENTITY_VERSION 1
 
 // Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields; 3: address space
 // reserved and the largest free block, per device and for the host side, and the host side's

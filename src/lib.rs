@@ -25,6 +25,7 @@ pub mod fork;
 pub mod host;
 pub mod migrate;
 pub mod mode;
+pub mod pointer;
 pub mod pool;
 pub mod prim;
 pub mod registry;

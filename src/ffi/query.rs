@@ -5,8 +5,8 @@ use crate::allocator;
 use crate::backing::Kind;
 use crate::error::{self, ERRORS, Error, Status};
 use crate::mode::{ModeRequest, ump_mode};
-use crate::pool;
-use crate::prim::{cuda, os};
+use crate::pointer::ump_identity;
+use crate::prim::os;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::Ordering;
 
@@ -18,9 +18,6 @@ const _: () = assert!(crate::stats::STATS_DEVICES == UMP_MAX_DEVICES);
 /// Version of `ump_capabilities` (2: each side's kind and reason; 3: what fork() does with the
 /// host side's memory).
 pub const UMP_CAPABILITIES_VERSION: u32 = 3;
-/// Version of `ump_identity`.
-pub const UMP_IDENTITY_VERSION: u32 = 1;
-
 /// Capabilities of one device.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -111,32 +108,6 @@ fn device_side_kind(s: crate::mode::DeviceSide) -> Kind {
         D::Pinned => Kind::UMP_KIND_REGISTERED,
         D::Device => Kind::UMP_KIND_DEVICE,
     }
-}
-
-/// What `ump_identify` knows of an address. Versioned like `ump_capabilities`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-#[allow(non_camel_case_types)]
-pub struct ump_identity {
-    /// In: bytes the caller provides (0: the current size). Out: bytes written.
-    pub size: u32,
-    /// Out: `UMP_IDENTITY_VERSION`.
-    pub version: u32,
-    /// The address lies in a live block of this library.
-    pub ours: bool,
-    /// The host may load and store this memory on this machine.
-    pub host_accessible: bool,
-    /// GPU kernels may load and store this memory on this machine (system memory only with
-    /// HMM or ATS).
-    pub device_accessible: bool,
-    /// What kind of memory it is.
-    pub kind: crate::backing::ump_kind,
-    /// Device the memory belongs to or was made for; -1 for host memory.
-    pub device: i32,
-    /// Start of the block (ours) or of the driver's allocation (foreign CUDA); else 0.
-    pub base: usize,
-    /// Size of the block in bytes as requested (ours) or the driver's range size; else 0.
-    pub block_size: usize,
 }
 
 /// This thread's last error message, or NULL when there is none. The string stays valid until
@@ -455,51 +426,6 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
     })
 }
 
-/// Fill an identity for any address, ours or not.
-pub(crate) fn identify(ptr: usize) -> ump_identity {
-    // SAFETY: all-zero is a valid value of this plain-data struct (UMP_KIND_UNKNOWN is 0).
-    let mut id: ump_identity = unsafe { std::mem::zeroed() };
-    id.version = UMP_IDENTITY_VERSION;
-    id.device = -1;
-    if let Some(info) = pool::lookup(ptr) {
-        let kind = info.pool.kind();
-        id.ours = true;
-        id.kind = kind;
-        id.device = info.pool.device();
-        id.base = info.base;
-        id.block_size = info.size;
-        id.host_accessible = kind.host_accessible();
-        id.device_accessible = allocator::get().is_some_and(|a| a.device_accessible(kind));
-        return id;
-    }
-    if let Some(p) = pool::pool_at(ptr) {
-        // Memory we hold in cache but that is not a live block.
-        id.kind = p.kind();
-        id.device = p.device();
-        id.host_accessible = p.kind().host_accessible();
-        id.device_accessible = allocator::get().is_some_and(|a| a.device_accessible(p.kind()));
-        return id;
-    }
-    if ptr == 0 {
-        return id;
-    }
-    if let Some(pi) = cuda::pointer_info(ptr) {
-        id.kind = Kind::UMP_KIND_FOREIGN_CUDA;
-        id.device = pi.device;
-        id.base = pi.range_start;
-        id.block_size = pi.range_size;
-        id.host_accessible = pi.is_managed || pi.memory_type == cuda::CU_MEMORYTYPE_HOST;
-        id.device_accessible = true;
-        return id;
-    }
-    if os::is_mapped(ptr) {
-        id.kind = Kind::UMP_KIND_FOREIGN_HOST;
-        id.host_accessible = true;
-        id.device_accessible = allocator::caps().pageable_everywhere();
-    }
-    id
-}
-
 /// 1 when `ptr` is the start of a live block of ump-alloc's (from any of its allocation
 /// functions), else 0 (NULL, foreign memory, a freed block, an address inside a block). A
 /// registry lookup: lock-free, and it never asks the CUDA driver (`ump_identify` may, to say
@@ -508,7 +434,7 @@ pub(crate) fn identify(ptr: usize) -> ump_identity {
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_owns(ptr: *const c_void) -> c_int {
     guard("ump_owns", 0, || {
-        c_int::from(pool::lookup(ptr as usize).is_some_and(|info| info.base == ptr as usize))
+        c_int::from(crate::pointer::is_block_start(ptr as usize))
     })
 }
 
@@ -526,7 +452,7 @@ pub unsafe extern "C" fn ump_identify(ptr: *const c_void, out: *mut ump_identity
         if out.is_null() {
             return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }
-        let id = identify(ptr as usize);
+        let id = crate::pointer::identify(ptr as usize);
         // SAFETY: non-NULL; the caller provides `size` bytes.
         unsafe { write_versioned(out, id) }
     })
@@ -698,24 +624,7 @@ pub extern "C" fn ump_stream_retire(device: c_int, stream: *mut c_void) -> c_int
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn identify_ours_foreign_and_null() {
-        let p = crate::ffi::numpy::ump_malloc(3000) as usize;
-        let id = identify(p + 1234);
-        assert!(id.ours);
-        assert_eq!(id.base, p);
-        assert_eq!(id.block_size, 3000);
-        assert!(id.host_accessible);
-        crate::ffi::numpy::ump_free(p as *mut c_void, 3000);
-        assert!(!identify(p).ours);
-        let x = Box::new(5u64);
-        let f = identify(&*x as *const u64 as usize);
-        assert!(!f.ours);
-        assert_eq!(f.kind, Kind::UMP_KIND_FOREIGN_HOST);
-        assert!(f.host_accessible);
-        assert_eq!(identify(0).kind, Kind::UMP_KIND_UNKNOWN);
-    }
+    use crate::pointer::UMP_IDENTITY_VERSION;
 
     #[test]
     fn versioned_write_honours_size() {

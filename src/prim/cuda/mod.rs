@@ -42,7 +42,6 @@ pub use memory::{
     advise_accessed_by, advise_preferred, alloc_device, alloc_managed, free, mem_info, prefetch,
     register, unregister,
 };
-pub(crate) use pointer::CU_MEMORYTYPE_HOST;
 pub use pointer::{PointerInfo, pointer_info};
 pub use stream::{device_synchronize, stream_create, stream_synchronize};
 pub use vmm::{

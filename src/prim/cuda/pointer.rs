@@ -16,6 +16,13 @@ pub struct PointerInfo {
     pub range_size: usize,
 }
 
+impl PointerInfo {
+    /// Whether the host can load and store it: managed, or host memory the driver knows.
+    pub fn host_accessible(&self) -> bool {
+        self.is_managed || self.memory_type == CU_MEMORYTYPE_HOST
+    }
+}
+
 /// Ask the driver about `ptr`. None when there is no driver or the driver does not know it.
 pub fn pointer_info(ptr: usize) -> Option<PointerInfo> {
     let d = driver().ok()?;
