@@ -371,7 +371,7 @@ fn bench_free_spans(c: &mut Criterion) {
         for p in live {
             ump_free(p, 300 << 10);
         }
-        ump_alloc::ffi::query::ump_trim();
+        ump_alloc::ffi::config::ump_trim();
     }
     g.finish();
 }

@@ -8,6 +8,7 @@
 //!   honours the caller's `size`.
 
 pub mod access;
+pub mod config;
 pub mod cupy;
 pub mod numpy;
 pub mod numpy_handler;
