@@ -202,6 +202,37 @@ pub fn check() -> Result<()> {
         .map(|_| ())
 }
 
+/// The sides in force with the reason for each, or, before initialisation, those the
+/// configuration would select on this machine (nothing is fixed; the configuration's error
+/// when it is invalid or asks for what the machine cannot do).
+pub fn selection() -> Result<Selection> {
+    match get() {
+        Some(a) => Ok(a.gpu().selection.clone()),
+        None => env_config()
+            .and_then(|cfg| caps().select_sides(cfg.mode, cfg.host_side, cfg.device_side)),
+    }
+}
+
+/// What `fork()` does with the host side's memory (`host::fork_rule`): the rule in force, or,
+/// before initialisation, the one the configuration would give on this machine (None when it
+/// gives none).
+pub fn fork_rule() -> Option<(bool, String)> {
+    if let Some(a) = get() {
+        return Some(a.host().fork_rule());
+    }
+    let cfg = env_config().ok()?;
+    let side = caps()
+        .select_sides(cfg.mode, cfg.host_side, cfg.device_side)
+        .ok()?
+        .sides
+        .host;
+    let share = match cfg.pinned_fork {
+        config::PinnedFork::Share => crate::backing::shared::available(),
+        config::PinnedFork::Copy => Err("UMP_ALLOC_PINNED_FORK=copy".into()),
+    };
+    Some(crate::host::fork_rule(side, &share))
+}
+
 /// Request a mode before the first allocation. Afterwards only the mode in force is accepted.
 pub fn set_mode(req: ModeRequest) -> Result<()> {
     // Mode `host` needs no GPU: it is accepted without asking the machine.

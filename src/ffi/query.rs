@@ -129,18 +129,14 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
         c.has_prefetch_v2 = caps.has_prefetch_v2;
         c.driver_version = caps.driver_version;
         c.device_count = caps.devices.len() as i32;
-        let selected = match allocator::get() {
+        match allocator::get() {
             Some(a) => {
                 c.mode_fixed = true;
                 c.alignment = a.alignment;
-                Ok(a.gpu().selection.clone())
             }
-            None => allocator::env_config().and_then(|cfg| {
-                c.alignment = cfg.alignment;
-                caps.select_sides(cfg.mode, cfg.host_side, cfg.device_side)
-            }),
-        };
-        match selected {
+            None => c.alignment = allocator::env_config().map_or(0, |cfg| cfg.alignment),
+        }
+        match allocator::selection() {
             Ok(sel) => {
                 c.mode = sel.mode.to_c();
                 copy_cstr(&mut c.mode_reason, &sel.reason());
@@ -151,22 +147,7 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
             }
             Err(e) => copy_cstr(&mut c.mode_reason, &e.msg),
         }
-        let fork = match allocator::get() {
-            Some(a) => Some(a.host().fork_rule()),
-            None => allocator::env_config().ok().and_then(|cfg| {
-                let side = caps
-                    .select_sides(cfg.mode, cfg.host_side, cfg.device_side)
-                    .ok()?
-                    .sides
-                    .host;
-                let share = match cfg.pinned_fork {
-                    crate::config::PinnedFork::Share => crate::backing::shared::available(),
-                    crate::config::PinnedFork::Copy => Err("UMP_ALLOC_PINNED_FORK=copy".into()),
-                };
-                Some(crate::host::fork_rule(side, &share))
-            }),
-        };
-        if let Some((shared, rule)) = fork {
+        if let Some((shared, rule)) = allocator::fork_rule() {
             c.fork_shared = shared;
             copy_cstr(&mut c.fork_rule, &rule);
         }
