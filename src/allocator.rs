@@ -567,20 +567,26 @@ pub fn owns(ptr: usize) -> bool {
 
 /// The live block starting exactly at `ptr`, or the error that explains why not.
 pub fn block_at(ptr: usize) -> Result<BlockInfo> {
-    match pool::lookup(ptr) {
-        Some(info) if info.base == ptr => Ok(info),
+    block_of(pool::entry_at(ptr), ptr).map(|(_, info)| info)
+}
+
+/// [`block_at`] given the registry's entry for `ptr` (so that a caller that goes on to free
+/// the block looks it up once).
+fn block_of(entry: Option<pool::Entry>, ptr: usize) -> Result<(pool::Entry, BlockInfo)> {
+    let Some(entry) = entry else {
+        return Err(Error::not_ours(format!(
+            "{ptr:#x} was not allocated by ump-alloc"
+        )));
+    };
+    match entry.lookup(ptr) {
+        Some(info) if info.base == ptr => Ok((entry, info)),
         Some(info) => Err(Error::not_ours(format!(
             "{ptr:#x} points inside the block at {:#x}, not at its start",
             info.base
         ))),
-        None => match pool::entry_at(ptr) {
-            Some(_) => Err(Error::double_free(format!(
-                "{ptr:#x} is not a live block (already freed?)"
-            ))),
-            None => Err(Error::not_ours(format!(
-                "{ptr:#x} was not allocated by ump-alloc"
-            ))),
-        },
+        None => Err(Error::double_free(format!(
+            "{ptr:#x} is not a live block (already freed?)"
+        ))),
     }
 }
 
@@ -676,11 +682,17 @@ fn refuse_deferred(ptr: usize) -> Result<()> {
         .and_then(|i| get().and_then(|a| a.device_group(i.pool.device())))
         .is_some_and(|g| g.is_deferred(ptr));
     if deferred {
-        return Err(Error::double_free(format!(
-            "double free of {ptr:#x} (freed already, waiting for the streams it was recorded on)"
-        )));
+        return Err(deferred_twice(ptr));
     }
     Ok(())
+}
+
+/// The error for a second free of a block whose first free waits for other streams.
+#[cold]
+fn deferred_twice(ptr: usize) -> Error {
+    Error::double_free(format!(
+        "double free of {ptr:#x} (freed already, waiting for the streams it was recorded on)"
+    ))
 }
 
 // ---- the device side (CuPy's and PyTorch's contracts) --------------------------------------
@@ -757,22 +769,25 @@ pub fn device_free(ptr: usize, _device: i32, stream: Option<usize>) -> Result<()
         // The block's own stream and no record_stream anywhere: nothing to order or defer.
         return free(ptr);
     }
-    let info = block_at(ptr)?;
+    // One registry lookup serves the checks, the ordering and the free.
+    let (entry, info) = block_of(pool::entry_at(ptr), ptr)?;
     if info.pool.is_stream_ordered()
         && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
     {
-        if crate::stream::any_deferred() {
-            refuse_deferred(ptr)?;
+        if crate::stream::any_deferred() && g.is_deferred(ptr) {
+            return Err(deferred_twice(ptr));
         }
         if let Some(stream) = stream {
             g.fence_free(info.pool, stream);
         }
-        if ptr == info.base && g.defer_free(ptr) {
+        if g.defer_free(ptr) {
             crate::scope::on_free(ptr);
             return Ok(());
         }
     }
-    free(ptr)
+    // Before the free: once freed, another thread may get the same address.
+    crate::scope::on_free(ptr);
+    entry.free(ptr).map(|_| ())
 }
 
 /// The block at `ptr` (from [`device_malloc`]) is used on `stream` too (PyTorch's

@@ -212,6 +212,7 @@ fn epoch_ms(t: std::time::Instant) -> u64 {
 }
 
 /// Descriptor a registry entry points at.
+#[derive(Clone, Copy)]
 pub enum Entry {
     Span(&'static Span),
     Slab(&'static Slab),
@@ -233,21 +234,50 @@ pub fn entry_at(addr: usize) -> Option<Entry> {
     }
 }
 
+impl Entry {
+    /// The pool whose descriptor this is.
+    #[inline]
+    pub fn pool(self) -> &'static Pool {
+        match self {
+            Entry::Slab(s) => s.pool,
+            Entry::Span(sp) => sp.pool,
+        }
+    }
+
+    /// The live block containing `addr`, if this descriptor (found for `addr`) has one there.
+    #[inline]
+    pub fn lookup(self, addr: usize) -> Option<BlockInfo> {
+        match self {
+            Entry::Slab(s) => s.lookup(addr),
+            Entry::Span(sp) => sp.lookup(addr),
+        }
+    }
+
+    /// Free the block starting at `ptr`, this descriptor being the one found for `ptr`.
+    /// Returns the bytes it held. Errors leave everything as it was.
+    #[inline]
+    pub fn free(self, ptr: usize) -> Result<usize> {
+        match self {
+            Entry::Slab(s) => s.pool.free_small(s, ptr),
+            Entry::Span(sp) => {
+                let n = sp.pool.free_large(sp, ptr)?;
+                sp.pool.stats.frees.fetch_add(1, Ordering::Relaxed);
+                sp.pool.stats.sub_in_use(n);
+                if sp.pool.over_retain() {
+                    sp.pool.release_pinning();
+                }
+                Ok(n)
+            }
+        }
+    }
+}
+
 /// Free the block starting at `ptr`, whichever pool it belongs to (one registry lookup).
 /// Returns the bytes it held. Errors leave everything as it was.
 #[inline]
 pub fn free_block(ptr: usize) -> Result<usize> {
     match entry_at(ptr) {
-        Some(Entry::Slab(s)) => s.pool.free_small(s, ptr),
-        Some(Entry::Span(sp)) => {
-            let n = sp.pool.free_large(sp, ptr)?;
-            sp.pool.stats.frees.fetch_add(1, Ordering::Relaxed);
-            sp.pool.stats.sub_in_use(n);
-            if sp.pool.over_retain() {
-                sp.pool.release_pinning();
-            }
-            Ok(n)
-        }
+        Some(e) => e.free(ptr),
         None => Err(Error::not_ours(format!(
             "{ptr:#x} was not allocated by ump-alloc"
         ))),
@@ -287,10 +317,7 @@ pub fn pool_at(addr: usize) -> Option<&'static Pool> {
 /// Find the live block containing `addr` (any pool). Lock-free.
 #[inline]
 pub fn lookup(addr: usize) -> Option<BlockInfo> {
-    match entry_at(addr)? {
-        Entry::Slab(s) => s.lookup(addr),
-        Entry::Span(sp) => sp.lookup(addr),
-    }
+    entry_at(addr)?.lookup(addr)
 }
 
 impl std::fmt::Debug for Pool {
