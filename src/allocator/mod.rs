@@ -14,8 +14,18 @@ use crate::prim::cuda::{self, MachineCaps};
 use crate::prim::fork::{Held, lock};
 use crate::prim::os;
 use crate::stream::StreamPools;
-use std::sync::atomic::Ordering;
 use std::sync::{Mutex, OnceLock};
+
+mod device;
+mod malloc;
+
+pub use device::{
+    device_free, device_malloc, device_memory_info, device_record_stream, device_trim,
+    segment_free, segment_malloc, set_device_fraction,
+};
+pub use malloc::{
+    block_alignment, calloc, free, free_cached, malloc, malloc_cached, realloc, realloc_cached,
+};
 
 /// The fixed state after initialisation.
 pub struct Allocator {
@@ -511,51 +521,7 @@ impl Allocator {
     }
 }
 
-// ---- the host malloc family (NumPy's contract) ---------------------------------------------
-
-/// malloc's fast path: a small block from this thread's cache of the host side's primary pool
-/// (the host side serves small blocks from it first), when no scope is open; None: use
-/// [`malloc`].
-#[inline(always)]
-pub fn malloc_cached(n: usize) -> Option<usize> {
-    if crate::scope::any_open() {
-        return None;
-    }
-    pool::alloc_cached(n)
-}
-
-/// malloc: `n` bytes, aligned; 0 yields a unique block.
-#[inline]
-pub fn malloc(n: usize) -> Result<usize> {
-    let ptr = instance()?.host.alloc(n)?.ptr;
-    crate::scope::on_alloc(ptr, n);
-    Ok(ptr)
-}
-
-/// calloc: zeroed `nelem * elsize` bytes; overflow is an error (ENOMEM at the C layer).
-pub fn calloc(nelem: usize, elsize: usize) -> Result<usize> {
-    let n = nelem
-        .checked_mul(elsize)
-        .ok_or_else(|| Error::bad_size(format!("{nelem} * {elsize} bytes overflows")))?;
-    let a = instance()?.host.alloc(n)?;
-    if !a.zeroed && n > 0 {
-        // SAFETY: host-accessible block of at least n bytes, just allocated.
-        unsafe { std::ptr::write_bytes(a.ptr as *mut u8, 0, n) };
-    }
-    crate::scope::on_alloc(a.ptr, n);
-    Ok(a.ptr)
-}
-
-/// The alignment a host-side block of `n` bytes gets: the configured alignment, or for a block
-/// smaller than it, the natural alignment of its size class (see `pool::class`).
-pub fn block_alignment(n: usize) -> Result<usize> {
-    let t = instance()?.host_pool().classes();
-    Ok(if n <= crate::pool::SMALL_MAX {
-        t.alignment_of(t.class_of(n))
-    } else {
-        t.alignment_of(t.len() - 1)
-    })
-}
+// ---- blocks of either side -----------------------------------------------------------------
 
 /// Whether `ptr` lies in memory this library's pools hold (a live block or not). Memory from
 /// any other allocator never does: the registry covers only chunks this library mapped, and
@@ -590,251 +556,12 @@ fn block_of(entry: Option<pool::Entry>, ptr: usize) -> Result<(pool::Entry, Bloc
     }
 }
 
-/// realloc's fast path: a small block of a host pool that keeps its size class is resized in
-/// place, counted in this thread's cache, when no scope is open. None: use [`realloc`].
-#[inline(always)]
-pub fn realloc_cached(ptr: usize, n: usize) -> Option<usize> {
-    if crate::scope::any_open() {
-        return None;
-    }
-    pool::resize_cached(ptr, n)
-}
-
-/// realloc: contents kept up to the smaller size, alignment kept; on failure the old block
-/// stays valid. `ptr == 0` is malloc.
-pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
-    if ptr == 0 {
-        return malloc(n);
-    }
-    let info = block_at(ptr)?;
-    if !info.pool.kind().host_accessible() {
-        return Err(Error::invalid(format!(
-            "{ptr:#x} is device memory; the host cannot reallocate it"
-        )));
-    }
-    let stats = info.pool.stats;
-    let ordered = info.pool.is_stream_ordered();
-    if let Some(at) = info.pool.resize_in_place(&info, n) {
-        if ordered && n > info.size {
-            // The block may have grown over memory freed in its stream's order: the caller
-            // writes it from the host once realloc returns.
-            info.pool.host_wait();
-        }
-        crate::scope::on_resize(ptr, at, n);
-        stats.reallocs_in_place.fetch_add(1, Ordering::Relaxed);
-        return Ok(at);
-    }
-    let new = if ordered {
-        // A retired stream's handle is never used again: the new block is the legacy default
-        // stream's, which orders with every blocking stream.
-        let pool = match get().and_then(|a| a.device_group(info.pool.device())) {
-            Some(g) if info.pool.is_retired() => g.pool_for(0)?,
-            _ => info.pool,
-        };
-        let new = pool.alloc(n)?.ptr;
-        // The copy below writes it from the host.
-        pool.host_wait();
-        new
-    } else {
-        instance()?.host.alloc(n)?.ptr
-    };
-    let kept = info.size.min(n);
-    // SAFETY: both blocks are host-accessible, distinct, and at least this long.
-    unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, new as *mut u8, kept) };
-    crate::scope::on_resize(ptr, new, n);
-    info.pool.free(ptr)?;
-    stats.reallocs_copied.fetch_add(1, Ordering::Relaxed);
-    stats
-        .realloc_copied_bytes
-        .fetch_add(kept as u64, Ordering::Relaxed);
-    Ok(new)
-}
-
-/// free's fast path: a small block of a host pool back into this thread's cache, when no scope
-/// is open (host blocks are never deferred: that is device memory). None: use [`free`].
-#[inline(always)]
-pub fn free_cached(ptr: usize) -> Option<Result<()>> {
-    if crate::scope::any_open() {
-        return None;
-    }
-    pool::free_cached(ptr).map(|r| r.map(|_| ()))
-}
-
-/// free: any live block of ours; `ptr == 0` is a no-op.
-#[inline]
-pub fn free(ptr: usize) -> Result<()> {
-    if ptr == 0 {
-        return Ok(());
-    }
-    if crate::stream::any_deferred() {
-        refuse_deferred(ptr)?;
-    }
-    // Before the free: once freed, another thread may get the same address.
-    crate::scope::on_free(ptr);
-    pool::free_block(ptr).map(|_| ())
-}
-
-/// A block whose free waits for other streams was freed already: another free is a double free.
-#[cold]
-fn refuse_deferred(ptr: usize) -> Result<()> {
-    let deferred = pool::lookup(ptr)
-        .filter(|i| i.pool.is_stream_ordered())
-        .and_then(|i| get().and_then(|a| a.device_group(i.pool.device())))
-        .is_some_and(|g| g.is_deferred(ptr));
-    if deferred {
-        return Err(deferred_twice(ptr));
-    }
-    Ok(())
-}
-
 /// The error for a second free of a block whose first free waits for other streams.
 #[cold]
 fn deferred_twice(ptr: usize) -> Error {
     Error::double_free(format!(
         "double free of {ptr:#x} (freed already, waiting for the streams it was recorded on)"
     ))
-}
-
-// ---- the device side (CuPy's and PyTorch's contracts) --------------------------------------
-
-/// Allocate `n` bytes for GPU libraries on `device`. `stream` is the stream the block will be
-/// used on (0: the legacy default stream).
-pub fn device_malloc(n: usize, device: i32, stream: usize) -> Result<usize> {
-    let a = instance()?;
-    let g = a.device_pools(device)?;
-    g.release_deferred(false);
-    let ptr = g.pool_for(stream)?.alloc(n)?.ptr;
-    crate::scope::on_alloc(ptr, n);
-    Ok(ptr)
-}
-
-/// A segment for PyTorch's caching allocator (its `cudaMalloc`, see `ffi::torch`): `n` bytes
-/// of the device side on the device whose context is current on this thread. `Ok(None)` when
-/// the request is not ump-alloc's to serve (no device side, no current context, a `fork()`
-/// child): the caller hands it to CUDA as before. Segments are outside every scope: PyTorch
-/// owns them.
-pub fn segment_malloc(n: usize) -> Result<Option<usize>> {
-    let a = instance()?;
-    if cuda::fork_poisoned() || a.gpu().selection.sides.device == DeviceSide::None {
-        return Ok(None);
-    }
-    let Some(device) = cuda::current_device() else {
-        return Ok(None);
-    };
-    let g = a.device_pools(device)?;
-    g.release_deferred(false);
-    let pool = g.pool_for(0)?;
-    // Plain cuMemAlloc memory can be shared with CUDA IPC, which exports a driver allocation
-    // whole: each segment is then an allocation of its own, as PyTorch's own are.
-    let whole = pool.kind() == Kind::UMP_KIND_DEVICE
-        && pool.backing().commit_page().is_none()
-        && n > pool::SMALL_MAX;
-    let block = if whole {
-        pool.alloc_whole(n)?
-    } else {
-        pool.alloc(n)?
-    };
-    Ok(Some(block.ptr))
-}
-
-/// PyTorch's `cudaFree` of a segment: `Ok(false)` when `ptr` is not a block of ours (the
-/// caller hands it to CUDA). A segment of ours goes back to its pool once the device's queued
-/// work is done, as `cudaFree` waits for it: PyTorch reuses a freed segment's memory without
-/// ordering it after the streams that last used it.
-pub fn segment_free(ptr: usize) -> Result<bool> {
-    let info = match pool::lookup(ptr) {
-        Some(info) if info.pool.device() >= 0 => info,
-        _ => return Ok(false),
-    };
-    if info.base != ptr {
-        return Err(Error::invalid(format!(
-            "cudaFree({ptr:#x}): the address points inside the segment at {:#x}",
-            info.base
-        )));
-    }
-    cuda::device_synchronize(info.pool.device())?;
-    pool::free_block(ptr)?;
-    Ok(true)
-}
-
-/// Free a block made by [`device_malloc`] (any live block of ours is accepted), last used on
-/// `stream` (None: the stream it was allocated for). A block goes back to the pool of the
-/// stream it was allocated on; when `stream` is another one, that pool's stream is first
-/// ordered after `stream`'s work.
-pub fn device_free(ptr: usize, _device: i32, stream: Option<usize>) -> Result<()> {
-    if ptr == 0 {
-        return Ok(());
-    }
-    if stream.is_none() && !crate::stream::any_recorded() {
-        // The block's own stream and no record_stream anywhere: nothing to order or defer.
-        return free(ptr);
-    }
-    // One registry lookup serves the checks, the ordering and the free.
-    let (entry, info) = block_of(pool::entry_at(ptr), ptr)?;
-    if info.pool.is_stream_ordered()
-        && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
-    {
-        if crate::stream::any_deferred() && g.is_deferred(ptr) {
-            return Err(deferred_twice(ptr));
-        }
-        if let Some(stream) = stream {
-            g.fence_free(info.pool, stream);
-        }
-        if g.defer_free(ptr) {
-            crate::scope::on_free(ptr);
-            return Ok(());
-        }
-    }
-    // Before the free: once freed, another thread may get the same address.
-    crate::scope::on_free(ptr);
-    entry.free(ptr).map(|_| ())
-}
-
-/// The block at `ptr` (from [`device_malloc`]) is used on `stream` too (PyTorch's
-/// `tensor.record_stream`): when it is freed, it is reused only after the work queued on
-/// `stream` until then. Blocks of pools that are not stream-ordered need nothing.
-pub fn device_record_stream(ptr: usize, stream: usize) -> Result<()> {
-    let info = block_at(ptr)?;
-    if info.pool.is_stream_ordered()
-        && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
-    {
-        g.record_stream(info.pool, info.base, stream);
-    }
-    Ok(())
-}
-
-/// Give back what the device side caches on every device and stream (PyTorch's
-/// `torch.cuda.empty_cache()`), after the deferred frees complete. Returns the bytes given back.
-pub fn device_trim() -> usize {
-    get().map_or(0, |a| a.device_groups().iter().map(|g| g.trim()).sum())
-}
-
-/// Memory of `device` available to ump-alloc's device side: (free, total) bytes, where free is
-/// what the driver reports free plus what ump-alloc caches on the device (ready for reuse).
-pub fn device_memory_info(device: i32) -> Result<(usize, usize)> {
-    let a = instance()?;
-    let g = a.device_pools(device)?;
-    let (free, total) = cuda::mem_info(device)?;
-    Ok((free.saturating_add(g.cached_bytes()).min(total), total))
-}
-
-/// Limit the device side of `device` to `fraction` of its memory (PyTorch's
-/// `torch.cuda.set_per_process_memory_fraction`), besides `UMP_ALLOC_LIMIT`.
-pub fn set_device_fraction(device: i32, fraction: f64) -> Result<()> {
-    if !(fraction > 0.0 && fraction <= 1.0) {
-        return Err(Error::invalid(format!(
-            "memory fraction {fraction} is not in (0, 1]"
-        )));
-    }
-    let a = instance()?;
-    let total = usize::try_from(device)
-        .ok()
-        .and_then(|i| caps().devices.get(i))
-        .map(|d| d.total_memory)
-        .ok_or_else(|| Error::invalid(format!("no CUDA device {device}")))?;
-    let bytes = ((total as f64) * fraction) as usize;
-    a.device_pools(device)?.set_runtime_limit(bytes.max(1));
-    Ok(())
 }
 
 /// Give cached memory of every pool back to the OS and the driver, whichever thread cached
