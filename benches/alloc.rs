@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 use ump_alloc::ffi::numpy::{ump_calloc, ump_free, ump_malloc, ump_realloc};
-use ump_alloc::ffi::query::{ump_identify, ump_identity};
+use ump_alloc::ffi::query::ump_identify;
+use ump_alloc::pointer::ump_identity;
 
 const SIZES: [usize; 6] = [64, 512, 4096, 65536, 1 << 20, 16 << 20];
 const BATCH: usize = 1000;
@@ -370,7 +371,7 @@ fn bench_free_spans(c: &mut Criterion) {
         for p in live {
             ump_free(p, 300 << 10);
         }
-        ump_alloc::ffi::query::ump_trim();
+        ump_alloc::ffi::config::ump_trim();
     }
     g.finish();
 }

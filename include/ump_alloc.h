@@ -23,9 +23,6 @@
 // host side's memory).
 #define UMP_CAPABILITIES_VERSION 3
 
-// Version of `ump_identity`.
-#define UMP_IDENTITY_VERSION 1
-
 // Current version of `struct ump_pool_stat` (2: `reserved`).
 #define UMP_POOL_STAT_VERSION 2
 
@@ -35,6 +32,9 @@
 
 // Version of `ump_scope_report`.
 #define UMP_SCOPE_REPORT_VERSION 1
+
+// Version of `ump_identity`.
+#define UMP_IDENTITY_VERSION 1
 
 // Version of `ump_stats` (2: the `host_fallback_*` and `pinned*` fields; 3: address space
 // reserved and the largest free block, per device and for the host side, and the host side's
@@ -521,6 +521,96 @@ int ump_device_access(const void *ptr, size_t size, int device, void *stream);
 // 0 or more.
 int ump_device_access_ex(const void *ptr, size_t size, int device, void *stream, double touch);
 
+// This thread's last error message, or NULL when there is none. The string stays valid until
+// the next failing call on this thread or `ump_clear_error()`.
+const char *ump_last_error(void);
+
+// Forget this thread's last error message.
+void ump_clear_error(void);
+
+// Errors counted since the process started, over all threads (bad frees, double frees, bad
+// sizes, out-of-memory, configuration errors).
+uint64_t ump_error_count(void);
+
+// Initialise now: read the `UMP_ALLOC_*` configuration, select the mode, fix mode and
+// alignment. Allocation does this implicitly; calling it first surfaces configuration errors
+// (`UMP_ERR_CONFIG`, `UMP_ERR_UNSUPPORTED`) before any allocation.
+int ump_init(void);
+
+// Check the `UMP_ALLOC_*` configuration without initialising, with the verdict `ump_init`
+// would give: `UMP_OK`; `UMP_ERR_CONFIG` for a malformed value (the variable, its value and
+// what it accepts in `ump_last_error`); `UMP_ERR_UNSUPPORTED` for a mode or side this machine
+// cannot do (what is missing and what to use instead). Settings made with `ump_set_mode` and
+// the like count as `ump_init` counts them. Nothing is fixed, so a tool can report a bad
+// setting and still show what would be chosen. After initialisation: `UMP_OK`.
+int ump_config_check(void);
+
+// Write what `value` means for configuration variable `name` (a row of `ump_config_var`),
+// parsed as the configuration parses it, NUL-terminated into `out` (`out_len` bytes): "8 GiB
+// (8589934592 bytes)" for `UMP_ALLOC_LIMIT` = "8GB"; a row with no parsed form (a path) gives
+// the value back. Returns `UMP_OK`; `UMP_ERR_CONFIG` when the value is invalid, with the
+// message the configuration would give in `ump_last_error()` (a query's answer, not counted
+// in `ump_stats`); `UMP_ERR_INVALID` for a name with no row or an `out_len` too small;
+// `UMP_ERR_NULL`. `out` is written only on success.
+//
+// # Safety
+// `name` and `value` are NULL or NUL-terminated strings; `out` is NULL or writable for
+// `out_len` bytes.
+int ump_config_describe(const char *name, const char *value, char *out, size_t out_len);
+
+// Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before
+// the first allocation. A mode this machine cannot do gives `UMP_ERR_UNSUPPORTED` with the
+// missing capability; a different mode after the first allocation gives `UMP_ERR_LOCKED`.
+//
+// # Safety
+// `name` is NULL or a NUL-terminated string.
+int ump_set_mode(const char *name);
+
+// Request an alignment (a power of two, 16 ..= 65536) before the first allocation; after it,
+// a different value gives `UMP_ERR_LOCKED`.
+int ump_set_alignment(size_t alignment);
+
+// Request a limit on the bytes mapped by the host pool and by each device, before the first
+// allocation, in `UMP_ALLOC_LIMIT`'s syntax ("8G", "512M", "1073741824", or "none"); it
+// overrides the environment. 0 and malformed values give `UMP_ERR_CONFIG`; a different limit
+// after the first allocation gives `UMP_ERR_LOCKED`.
+//
+// # Safety
+// `value` is NULL or a NUL-terminated string.
+int ump_set_limit(const char *value);
+
+// The alignment in force (after initialisation), else the configured one; 0 when the
+// configuration is invalid (see `ump_init`).
+size_t ump_alignment(void);
+
+// The alignment `ump_malloc(size)` (and calloc, realloc) guarantees for a block of `size`
+// bytes: `ump_alignment()` for blocks of at least that size; a smaller block gets the
+// natural alignment of its size class instead (the largest power of two dividing the class
+// size, at least 16: 64 for 64 bytes, 16 for 40 bytes), so that small arrays do not pay for
+// a GPU-sized alignment. Device-side blocks (`ump_cupy_malloc`, `ump_torch_malloc`) always get
+// `ump_alignment()`. Initialises the allocator; returns 0 when the configuration is invalid
+// (see `ump_init`).
+size_t ump_block_alignment(size_t size);
+
+// The mode in force, or `UMP_MODE_UNSET` before initialisation.
+enum ump_mode ump_current_mode(void);
+
+// Library version, e.g. "0.1.0".
+const char *ump_version(void);
+
+// Describe row `index` of the configuration table (every `UMP_ALLOC_*` variable): its name,
+// default and meaning, as static NUL-terminated strings. Returns `UMP_OK`, `UMP_ERR_INVALID`
+// past the last row (the end of the list: a message in `ump_last_error()`, not counted as an
+// error in `ump_stats`), or `UMP_ERR_NULL`. Outputs are written only on success.
+//
+// # Safety
+// Each out-pointer is NULL or writable.
+int ump_config_var(size_t index, const char **name, const char **default_value, const char **help);
+
+// Give cached memory back to the OS and the CUDA driver (like CuPy's `free_all_blocks` and
+// torch's `empty_cache`). Returns the bytes given back.
+size_t ump_trim(void);
+
 // Allocate `size` bytes for CuPy on device `device_id`, from the memory the mode selects
 // (managed, registered, system or device), for use on the stream whose handle is `param`
 // (`cudaStream_t`; NULL: the legacy default stream; `UMP_CUPY_CURRENT_STREAM`: CuPy's current
@@ -637,96 +727,6 @@ int ump_numpy_dispatch_set(bool on);
 
 // Whether the dispatch handler allocates new blocks from ump-alloc now.
 bool ump_numpy_dispatching(void);
-
-// This thread's last error message, or NULL when there is none. The string stays valid until
-// the next failing call on this thread or `ump_clear_error()`.
-const char *ump_last_error(void);
-
-// Forget this thread's last error message.
-void ump_clear_error(void);
-
-// Errors counted since the process started, over all threads (bad frees, double frees, bad
-// sizes, out-of-memory, configuration errors).
-uint64_t ump_error_count(void);
-
-// Initialise now: read the `UMP_ALLOC_*` configuration, select the mode, fix mode and
-// alignment. Allocation does this implicitly; calling it first surfaces configuration errors
-// (`UMP_ERR_CONFIG`, `UMP_ERR_UNSUPPORTED`) before any allocation.
-int ump_init(void);
-
-// Check the `UMP_ALLOC_*` configuration without initialising, with the verdict `ump_init`
-// would give: `UMP_OK`; `UMP_ERR_CONFIG` for a malformed value (the variable, its value and
-// what it accepts in `ump_last_error`); `UMP_ERR_UNSUPPORTED` for a mode or side this machine
-// cannot do (what is missing and what to use instead). Settings made with `ump_set_mode` and
-// the like count as `ump_init` counts them. Nothing is fixed, so a tool can report a bad
-// setting and still show what would be chosen. After initialisation: `UMP_OK`.
-int ump_config_check(void);
-
-// Write what `value` means for configuration variable `name` (a row of `ump_config_var`),
-// parsed as the configuration parses it, NUL-terminated into `out` (`out_len` bytes): "8 GiB
-// (8589934592 bytes)" for `UMP_ALLOC_LIMIT` = "8GB"; a row with no parsed form (a path) gives
-// the value back. Returns `UMP_OK`; `UMP_ERR_CONFIG` when the value is invalid, with the
-// message the configuration would give in `ump_last_error()` (a query's answer, not counted
-// in `ump_stats`); `UMP_ERR_INVALID` for a name with no row or an `out_len` too small;
-// `UMP_ERR_NULL`. `out` is written only on success.
-//
-// # Safety
-// `name` and `value` are NULL or NUL-terminated strings; `out` is NULL or writable for
-// `out_len` bytes.
-int ump_config_describe(const char *name, const char *value, char *out, size_t out_len);
-
-// Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before
-// the first allocation. A mode this machine cannot do gives `UMP_ERR_UNSUPPORTED` with the
-// missing capability; a different mode after the first allocation gives `UMP_ERR_LOCKED`.
-//
-// # Safety
-// `name` is NULL or a NUL-terminated string.
-int ump_set_mode(const char *name);
-
-// Request an alignment (a power of two, 16 ..= 65536) before the first allocation; after it,
-// a different value gives `UMP_ERR_LOCKED`.
-int ump_set_alignment(size_t alignment);
-
-// Request a limit on the bytes mapped by the host pool and by each device, before the first
-// allocation, in `UMP_ALLOC_LIMIT`'s syntax ("8G", "512M", "1073741824", or "none"); it
-// overrides the environment. 0 and malformed values give `UMP_ERR_CONFIG`; a different limit
-// after the first allocation gives `UMP_ERR_LOCKED`.
-//
-// # Safety
-// `value` is NULL or a NUL-terminated string.
-int ump_set_limit(const char *value);
-
-// The alignment in force (after initialisation), else the configured one; 0 when the
-// configuration is invalid (see `ump_init`).
-size_t ump_alignment(void);
-
-// The alignment `ump_malloc(size)` (and calloc, realloc) guarantees for a block of `size`
-// bytes: `ump_alignment()` for blocks of at least that size; a smaller block gets the
-// natural alignment of its size class instead (the largest power of two dividing the class
-// size, at least 16: 64 for 64 bytes, 16 for 40 bytes), so that small arrays do not pay for
-// a GPU-sized alignment. Device-side blocks (`ump_cupy_malloc`, `ump_torch_malloc`) always get
-// `ump_alignment()`. Initialises the allocator; returns 0 when the configuration is invalid
-// (see `ump_init`).
-size_t ump_block_alignment(size_t size);
-
-// The mode in force, or `UMP_MODE_UNSET` before initialisation.
-enum ump_mode ump_current_mode(void);
-
-// Library version, e.g. "0.1.0".
-const char *ump_version(void);
-
-// Describe row `index` of the configuration table (every `UMP_ALLOC_*` variable): its name,
-// default and meaning, as static NUL-terminated strings. Returns `UMP_OK`, `UMP_ERR_INVALID`
-// past the last row (the end of the list: a message in `ump_last_error()`, not counted as an
-// error in `ump_stats`), or `UMP_ERR_NULL`. Outputs are written only on success.
-//
-// # Safety
-// Each out-pointer is NULL or writable.
-int ump_config_var(size_t index, const char **name, const char **default_value, const char **help);
-
-// Give cached memory back to the OS and the CUDA driver (like CuPy's `free_all_blocks` and
-// torch's `empty_cache`). Returns the bytes given back.
-size_t ump_trim(void);
 
 // Fill `out` with the machine's capabilities and the mode (see `ump_capabilities`).
 // Does not fix the mode. Returns `UMP_OK`, or `UMP_ERR_NULL` / `UMP_ERR_INVALID`.

@@ -5,9 +5,10 @@
 use crate::allocator;
 use crate::backing::Kind;
 use crate::error::{Error, Result};
+use crate::pointer::region;
 use crate::pool;
 use crate::prim::cuda;
-use crate::transfer::{self, Direction, Move, region};
+use crate::transfer::{self, Direction, Move};
 
 /// Make `[ptr, ptr+size)` safe for the host to read and write: wait for the work queued on
 /// `stream` (0: the legacy default stream). What happens to managed pages is the transfer

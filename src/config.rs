@@ -470,7 +470,7 @@ pub fn parse_bytes(v: &str) -> std::result::Result<usize, String> {
 /// Smallest accepted limit: one arena, the chunk a pool maps for every block under half of it
 /// (small blocks share it, one slab per size class). Below it no pool could map its usual
 /// chunk, and a limit of a few KiB failed even NumPy's first 48-byte array.
-pub const MIN_LIMIT: usize = crate::pool::ARENA;
+pub const MIN_LIMIT: usize = crate::backing::ARENA;
 
 /// A limit: "none" (no limit) or a byte count of at least [`MIN_LIMIT`]. 0 and smaller
 /// counts are refused: they would fail every allocation (or nearly).

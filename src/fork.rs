@@ -19,58 +19,78 @@
 //!
 //! In the child, the shared pinned memory is mapped again, private (`backing::shared`), and
 //! the caches of threads that do not exist there go back to their pools.
+//!
+//! This is the protocol; the mechanism (the registration, the child flag, the guards held and
+//! the lock helper every module takes its locks with) is `prim::fork`'s, at the bottom.
 
-use std::any::Any;
+use crate::prim::cuda;
+use crate::prim::fork::{ForkHandlers, Held, at_fork};
+use crate::{allocator, backing, migrate, pool, scope};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Lock guards held across a fork, released in the parent and the child.
-pub(crate) struct Held(Vec<Box<dyn Any>>);
-
-impl Held {
-    /// Keep `guard` until the fork is over.
-    pub(crate) fn push<G: 'static>(&mut self, guard: G) {
-        self.0.push(Box::new(guard));
-    }
-}
 
 thread_local! {
     static HELD: RefCell<Option<Held>> = const { RefCell::new(None) };
 }
 
-/// Set in a child process made by `fork()`.
-static CHILD: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process is a `fork()` child of a process that had ump-alloc loaded.
-pub fn is_fork_child() -> bool {
-    CHILD.load(Ordering::Relaxed)
-}
-
+/// Before `fork()`: take every allocator lock in the order above.
 fn prepare() {
-    let mut held = Held(Vec::new());
-    crate::allocator::fork_prepare(&mut held);
+    let mut held = Held::default();
+    let h = &mut held;
+    allocator::fork_lock_settings(h);
+    cuda::fork_lock_load(h);
+    if let Some(a) = allocator::get() {
+        a.fork_lock_device_pools(h);
+        let groups = a.device_groups();
+        for g in &groups {
+            g.fork_lock_create(h);
+        }
+        pool::tcache_fork_prepare(h);
+        let pools = a.pools();
+        for p in &pools {
+            p.fork_lock_classes(h);
+        }
+        for p in &pools {
+            p.fork_lock_large(h);
+        }
+        for p in &pools {
+            p.fork_lock_retire(h);
+        }
+        for g in &groups {
+            g.fork_lock_orphans(h);
+        }
+        for g in &groups {
+            g.fork_lock_recorded(h);
+        }
+        for g in &groups {
+            g.fork_lock_backing(h);
+        }
+    } else {
+        pool::tcache_fork_prepare(h);
+    }
+    cuda::fork_lock_events(h);
+    scope::fork_lock(h);
+    migrate::fork_lock(h);
+    backing::shared::fork_prepare(h);
     HELD.with(|h| *h.borrow_mut() = Some(held));
 }
 
 fn parent() {
-    crate::backing::shared::fork_parent();
-    crate::pool::tcache_fork_parent();
+    backing::shared::fork_parent();
+    pool::tcache_fork_parent();
     HELD.with(|h| h.borrow_mut().take());
 }
 
 fn child() {
-    CHILD.store(true, Ordering::Relaxed);
-    crate::prim::cuda::after_fork_child();
     HELD.with(|h| h.borrow_mut().take());
     // Before anything else touches memory made before the fork.
-    crate::backing::shared::fork_child();
-    crate::pool::tcache_fork_child();
-    crate::migrate::after_fork_child();
+    backing::shared::fork_child();
+    pool::tcache_fork_child();
+    migrate::after_fork_child();
 }
 
 /// Register the fork handlers (at library load).
 pub(crate) fn install() {
-    crate::prim::os::at_fork(crate::prim::os::ForkHandlers {
+    at_fork(ForkHandlers {
         prepare,
         parent,
         child,

@@ -18,8 +18,8 @@ use crate::backing::{Backing, HostBacking, Kind, ManagedBacking, RegisteredBacki
 use crate::config::{Config, PinnedFork};
 use crate::error::{ErrorClass, Result, Status};
 use crate::mode::HostSide;
+use crate::pool::PoolStats;
 use crate::pool::{Alloc, Pool};
-use crate::stats::PoolStats;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -132,7 +132,7 @@ impl HostPools {
         let Some(fb) = self.fallback else {
             return self.primary.alloc(n);
         };
-        if self.side == HostSide::Managed && crate::fork::is_fork_child() {
+        if self.side == HostSide::Managed && crate::prim::fork::is_fork_child() {
             return self.fall_back(fb, n);
         }
         match self.primary.alloc(n) {
@@ -157,7 +157,7 @@ impl HostPools {
 
     #[cold]
     fn warn_once(&self, why: &str) {
-        if crate::fork::is_fork_child() || self.warned.swap(true, Ordering::Relaxed) {
+        if crate::prim::fork::is_fork_child() || self.warned.swap(true, Ordering::Relaxed) {
             return;
         }
         eprintln!(

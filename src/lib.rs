@@ -12,7 +12,8 @@
 //!   `UMP_ALLOC_*` variables.
 //! - [`allocator`]: the process-wide state composing the above; [`access`] and [`transfer`]:
 //!   views of memory both sides reach, and when a copy is faster.
-//! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, query, scope, access).
+//! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, scope, access) and
+//!   what they share (config: configuration and errors; query: introspection).
 //! - [`fork`]: `pthread_atfork` handlers that keep every lock consistent across `fork()`.
 
 pub mod access;
@@ -25,6 +26,7 @@ pub mod fork;
 pub mod host;
 pub mod migrate;
 pub mod mode;
+pub mod pointer;
 pub mod pool;
 pub mod prim;
 pub mod registry;

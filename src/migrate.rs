@@ -19,6 +19,7 @@
 //! exist and the queue starts empty.
 
 use crate::prim::cuda;
+use crate::prim::fork::lock;
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex};
 
@@ -54,10 +55,6 @@ static QUEUE: Mutex<Queue> = Mutex::new(Queue {
 });
 static CHANGED: Condvar = Condvar::new();
 
-fn lock() -> std::sync::MutexGuard<'static, Queue> {
-    QUEUE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
@@ -66,10 +63,10 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 /// host in the background. Returns false when no worker could be started (the caller then
 /// migrates it itself).
 pub fn start(device: i32, ptr: usize, size: usize) -> bool {
-    if crate::fork::is_fork_child() {
+    if crate::prim::fork::is_fork_child() {
         return false;
     }
-    let mut q = lock();
+    let mut q = lock(&QUEUE);
     if !q.worker {
         let spawned = std::thread::Builder::new()
             .name("ump-migrate".into())
@@ -90,7 +87,7 @@ pub fn start(device: i32, ptr: usize, size: usize) -> bool {
 
 /// Cancel every migration over `[start, end)` and wait for the piece in flight there, if any.
 pub fn quiesce(start: usize, end: usize) {
-    let mut q = lock();
+    let mut q = lock(&QUEUE);
     if q.jobs.is_empty() && q.busy.is_none() {
         return;
     }
@@ -102,12 +99,12 @@ pub fn quiesce(start: usize, end: usize) {
 
 /// Bytes the worker has migrated so far.
 pub fn migrated() -> u64 {
-    lock().migrated
+    lock(&QUEUE).migrated
 }
 
 /// Wait until every queued migration is done (tests, benchmarks).
 pub fn wait_idle() {
-    let mut q = lock();
+    let mut q = lock(&QUEUE);
     while !q.jobs.is_empty() || q.busy.is_some() {
         q = CHANGED.wait(q).unwrap_or_else(|e| e.into_inner());
     }
@@ -116,7 +113,7 @@ pub fn wait_idle() {
 fn worker() {
     loop {
         let (device, a, b, stream) = {
-            let mut q = lock();
+            let mut q = lock(&QUEUE);
             while q.jobs.is_empty() {
                 q = CHANGED.wait(q).unwrap_or_else(|e| e.into_inner());
             }
@@ -134,14 +131,14 @@ fn worker() {
         // Driver calls happen with no lock held.
         let stream = stream.or_else(|| {
             let s = cuda::stream_create(device).ok()?;
-            lock().streams.push((device, s));
+            lock(&QUEUE).streams.push((device, s));
             Some(s)
         });
         let moved = stream.is_some_and(|s| {
             cuda::prefetch(a, b - a, -1, s, device).is_ok()
                 && cuda::stream_synchronize(s, device).is_ok()
         });
-        let mut q = lock();
+        let mut q = lock(&QUEUE);
         q.busy = None;
         if moved {
             q.migrated += (b - a) as u64;
@@ -151,13 +148,13 @@ fn worker() {
 }
 
 /// Fork: the queue's lock (last in the order: nothing is taken while it is held).
-pub(crate) fn fork_lock(held: &mut crate::fork::Held) {
-    held.push(lock());
+pub(crate) fn fork_lock(held: &mut crate::prim::fork::Held) {
+    held.push(lock(&QUEUE));
 }
 
 /// In a `fork()` child: no worker, no jobs, no streams (the parent's are not valid here).
 pub(crate) fn after_fork_child() {
-    let mut q = lock();
+    let mut q = lock(&QUEUE);
     q.jobs.clear();
     q.busy = None;
     q.streams.clear();
@@ -176,7 +173,7 @@ mod tests {
         assert!(start(0, base + 100 * PIECE, 2 * PIECE));
         quiesce(base, base + PIECE);
         {
-            let q = lock();
+            let q = lock(&QUEUE);
             assert!(
                 q.jobs
                     .iter()
@@ -185,7 +182,7 @@ mod tests {
             assert!(!q.busy.is_some_and(|b| overlaps(b, (base, base + PIECE))));
         }
         wait_idle();
-        let q = lock();
+        let q = lock(&QUEUE);
         assert!(q.jobs.is_empty() && q.busy.is_none());
     }
 }

@@ -1,4 +1,5 @@
-//! Modes and their selection: plain policy over the capabilities the CUDA module reports.
+//! Modes and their selection: plain policy over the capabilities the CUDA module reports
+//! (`prim::cuda::MachineCaps`, probed there; the selection is this file's).
 //! Nothing here calls the driver, so every rule is tested with injected capabilities.
 //!
 //! ump-alloc serves two *sides*, each with its own kind of memory:
@@ -14,6 +15,7 @@
 //! `UMP_ALLOC_DEVICE_SIDE` choose one side each.
 
 use crate::error::{Error, Result};
+use crate::prim::cuda::{DeviceCaps, MachineCaps};
 
 /// The pair of sides in force, as a C value: a preset, or `UMP_MODE_CUSTOM`.
 #[repr(C)]
@@ -234,39 +236,6 @@ pub enum SideRequest<T> {
     Forced(T),
 }
 
-/// The capabilities of one device that decide which modes work.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeviceCaps {
-    pub ordinal: i32,
-    pub name: String,
-    /// CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: the GPU can read pageable (malloc) memory.
-    pub pageable_memory_access: bool,
-    /// ..._USES_HOST_PAGE_TABLES: that access goes through the host page tables (ATS).
-    pub uses_host_page_tables: bool,
-    /// CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS.
-    pub concurrent_managed_access: bool,
-    /// CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED.
-    pub host_register_supported: bool,
-    /// CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM.
-    pub host_pointer_for_registered_mem: bool,
-    /// CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, and the driver has every
-    /// `cuMem{AddressReserve,Create,Map,SetAccess,...}` call: device pools reserve address space
-    /// and map physical memory into it as they grow (`backing::vmm`).
-    pub virtual_memory: bool,
-    pub total_memory: u64,
-}
-
-/// The whole machine as far as modes are concerned.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MachineCaps {
-    /// Why CUDA is not usable, if it is not (no libcuda, stub library, no device, old driver).
-    pub cuda_unavailable: Option<String>,
-    pub driver_version: i32,
-    /// Whether the driver has the `_v2` prefetch and advise calls (driver >= 12.2).
-    pub has_prefetch_v2: bool,
-    pub devices: Vec<DeviceCaps>,
-}
-
 /// The sides chosen, with the reason for each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Selection {
@@ -300,19 +269,6 @@ const REGISTER: Need = ("host-pointer use of registered memory", |d| {
 });
 
 impl MachineCaps {
-    /// A machine with no usable CUDA.
-    pub fn no_cuda(why: impl Into<String>) -> Self {
-        MachineCaps {
-            cuda_unavailable: Some(why.into()),
-            ..Default::default()
-        }
-    }
-
-    /// Whether every device reads pageable (malloc) memory: HMM or ATS everywhere.
-    pub fn pageable_everywhere(&self) -> bool {
-        !self.devices.is_empty() && self.devices.iter().all(|d| d.pageable_memory_access)
-    }
-
     fn has_gpu(&self) -> bool {
         self.cuda_unavailable.is_none() && !self.devices.is_empty()
     }

@@ -12,6 +12,7 @@
 //! is, a lock and a hash-map update per allocation and free.
 
 use crate::error::{Error, Result};
+use crate::prim::fork::lock;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -60,7 +61,7 @@ fn detach<'a>(
 }
 
 fn with_table<R>(f: impl FnOnce(&mut Table) -> R) -> R {
-    let mut g = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = lock(&TABLE);
     let r = f(g.get_or_insert_with(Table::default));
     // Hold no memory while no scope is open (the next scope starts afresh).
     if g.as_ref().is_some_and(|t| t.scopes.is_empty()) {
@@ -70,8 +71,8 @@ fn with_table<R>(f: impl FnOnce(&mut Table) -> R) -> R {
 }
 
 /// Fork: the scope table (last in the order: it is never held while another lock is taken).
-pub(crate) fn fork_lock(held: &mut crate::fork::Held) {
-    held.push(TABLE.lock().unwrap_or_else(|e| e.into_inner()));
+pub(crate) fn fork_lock(held: &mut crate::prim::fork::Held) {
+    held.push(lock(&TABLE));
 }
 
 /// This thread's open scopes, innermost last. Dropped at thread exit: scopes left open are

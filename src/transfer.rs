@@ -27,8 +27,7 @@
 use crate::allocator;
 use crate::backing::Kind;
 use crate::error::{Error, Result};
-use crate::pool;
-use crate::prim::cuda;
+use crate::pointer::{Region, region};
 
 /// Which way the data goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,60 +150,6 @@ pub(crate) const SPARSE_FAULTS_TO_DEVICE: f64 = DEVICE_FAULTS / PREFETCH_TO_DEVI
 /// Managed ranges from this size migrate to the host in the background (`migrate`); smaller
 /// ones (from `UMP_ALLOC_PREFETCH_MIN`) are prefetched before `ump_host_access` returns.
 pub(crate) const BACKGROUND_MIN: usize = 8 << 20;
-
-/// What kind of memory a range is, for the transfer rules and `access`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Region {
-    pub kind: Kind,
-    /// Device the memory belongs to (-1: host).
-    pub device: i32,
-    /// Managed memory (ours or foreign): it migrates, so prefetching pays.
-    pub managed: bool,
-    /// A block of ours (not foreign memory).
-    pub ours: bool,
-}
-
-/// Classify `[ptr, ptr+size)`. Our blocks must contain the whole range.
-pub fn region(ptr: usize, size: usize) -> Result<Region> {
-    let end = ptr
-        .checked_add(size)
-        .ok_or_else(|| Error::invalid(format!("range {ptr:#x} + {size} overflows")))?;
-    if let Some(b) = pool::lookup(ptr) {
-        if end > b.base + b.capacity {
-            return Err(Error::invalid(format!(
-                "range {ptr:#x} + {size} runs past the end of its block ({:#x} + {})",
-                b.base, b.capacity
-            )));
-        }
-        let kind = b.pool.kind();
-        return Ok(Region {
-            kind,
-            device: b.pool.device(),
-            managed: kind == Kind::UMP_KIND_MANAGED,
-            ours: true,
-        });
-    }
-    if let Some(pi) = cuda::pointer_info(ptr) {
-        let host = pi.is_managed || pi.memory_type == cuda::CU_MEMORYTYPE_HOST;
-        let kind = if host {
-            Kind::UMP_KIND_FOREIGN_CUDA
-        } else {
-            Kind::UMP_KIND_DEVICE
-        };
-        return Ok(Region {
-            kind,
-            device: pi.device,
-            managed: pi.is_managed,
-            ours: false,
-        });
-    }
-    Ok(Region {
-        kind: Kind::UMP_KIND_FOREIGN_HOST,
-        device: -1,
-        managed: false,
-        ours: false,
-    })
-}
 
 /// Whether `touch` is a valid hint: a finite fraction, 0 or more.
 pub fn check_touch(touch: f64) -> Result<()> {

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use ump_alloc::Status;
 use ump_alloc::backing::vmm::{OsPages, Space};
 use ump_alloc::backing::{Backing, Chunk, Growth, HostBacking, Kind, RangeBook, VmmBacking};
+use ump_alloc::pool::PoolStats;
 use ump_alloc::pool::{self, Pool, flush_thread_counts};
-use ump_alloc::stats::PoolStats;
 use ump_alloc::stream::{self, StreamPools};
 
 const KIB: usize = 1 << 10;

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use ump_alloc::backing::vmm::{OsPages, Space};
 use ump_alloc::backing::{HostBacking, Kind, VmmBacking};
 use ump_alloc::pool;
-use ump_alloc::stats::PoolStats;
+use ump_alloc::pool::PoolStats;
 use ump_alloc::stream::StreamPools;
 
 const MIB: usize = 1 << 20;

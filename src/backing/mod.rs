@@ -127,11 +127,7 @@ pub trait Backing: Send + Sync {
     /// The length of the chunk a request of `len` bytes (a granule multiple) is cut from:
     /// an arena small blocks share, or a chunk of its own for a large request.
     fn chunk_len(&self, len: usize) -> usize {
-        if len >= crate::pool::ARENA / 2 {
-            len
-        } else {
-            crate::pool::ARENA
-        }
+        if len >= ARENA / 2 { len } else { ARENA }
     }
 
     // ---- growth in place (realloc) --------------------------------------------------------
@@ -207,6 +203,10 @@ pub trait Backing: Send + Sync {
         None
     }
 }
+
+/// Default size of a chunk that pools cut blocks from (an arena small blocks share). Requests
+/// of half of it or more get a chunk of their own.
+pub(crate) const ARENA: usize = 64 << 20;
 
 /// Blocks of at least this size get transparent huge pages on host-memory backings, as NumPy's
 /// default allocator does.

@@ -132,7 +132,7 @@ impl Backing for RegisteredBacking {
         }
         // A chunk of its own (a large block) sits at the start of a reservation with room to
         // grow in place (realloc): the room is address space only, neither memory nor pinned.
-        let raw_size = if size >= crate::pool::ARENA / 2 {
+        let raw_size = if size >= super::ARENA / 2 {
             size.saturating_mul(GROW_ROOM).max(GROW_ROOM_MIN)
         } else {
             size

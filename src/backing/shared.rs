@@ -36,10 +36,11 @@
 
 use crate::error::{Error, Result};
 use crate::prim::file::{self, Fd};
+use crate::prim::fork::lock;
 use crate::prim::os;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 /// Length of the file: above every user-space address on x86-64 and aarch64 (48-bit address
 /// spaces), so that a chunk's file offset can be its address.
@@ -56,10 +57,6 @@ struct File {
     owner: AtomicBool,
     /// Ranges mapped from the file, by address: what a fork child maps again.
     live: Mutex<BTreeMap<usize, usize>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 static FILE: OnceLock<std::result::Result<File, String>> = OnceLock::new();
@@ -266,7 +263,7 @@ pub fn refresh(force: bool) -> u64 {
 
 /// Before `fork()`, after every pool lock: in the owner of live shared pages, open the next
 /// generation and give the child its lock.
-pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
+pub(crate) fn fork_prepare(held: &mut crate::prim::fork::Held) {
     held.push(lock(&LOCK));
     let Some(Ok(f)) = FILE.get() else { return };
     let live = lock(&f.live);

@@ -15,6 +15,7 @@
 
 use super::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
+use crate::prim::fork::lock;
 use crate::prim::{cuda, os};
 use crate::registry::GRANULE;
 use std::collections::BTreeMap;
@@ -174,10 +175,6 @@ pub struct Space {
     /// Address space reserved at a time (more only when a reservation fills up).
     reserve_unit: usize,
     state: Mutex<State>,
-}
-
-fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Space {

@@ -234,7 +234,7 @@ fn limits_below_one_arena_are_refused_with_the_minimum() {
             e.msg
         );
     }
-    assert_eq!(MIN_LIMIT, crate::pool::ARENA);
+    assert_eq!(MIN_LIMIT, crate::backing::ARENA);
     assert_eq!(
         cfg(&[("UMP_ALLOC_LIMIT", "64M")]).unwrap().limit,
         Some(64 << 20)

@@ -2,8 +2,8 @@
 //! views of memory both processors reach) and `transfer` (when a DMA copy is faster than a
 //! view). Shared by every consumer.
 
-use super::query::{versioned_len, write_versioned};
 use super::status;
+use super::{versioned_len, write_versioned};
 use crate::error::{Error, Result, Status};
 use crate::transfer::{self, Direction, Facts, Memory, Move, Path, Plan, Resident};
 use std::ffi::{c_char, c_int, c_void};
@@ -199,7 +199,7 @@ fn facts_from_c(c: &ump_transfer_facts) -> Result<Facts> {
 
 fn plan_to_c(p: &Plan) -> ump_transfer_plan {
     let mut reason = [0 as c_char; 192];
-    super::query::copy_cstr(&mut reason, p.reason);
+    super::copy_cstr(&mut reason, p.reason);
     ump_transfer_plan {
         size: 0,
         version: UMP_TRANSFER_VERSION,

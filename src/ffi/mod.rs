@@ -3,9 +3,12 @@
 //! - starts with `ump_` and carries a doc comment that cbindgen copies into the header;
 //! - runs inside [`guard`], the one panic boundary: a panic becomes `UMP_ERR_INTERNAL` (or
 //!   NULL), with its message in `ump_last_error()`, and never unwinds into C;
-//! - checks NULL arguments and writes outputs only on success.
+//! - checks NULL arguments and writes outputs only on success;
+//! - writes a versioned struct (`size`, `version` first) through [`write_versioned`], which
+//!   honours the caller's `size`.
 
 pub mod access;
+pub mod config;
 pub mod cupy;
 pub mod numpy;
 pub mod numpy_handler;
@@ -14,6 +17,7 @@ pub mod scope;
 pub mod torch;
 
 use crate::error::{self, Error, Status};
+use std::ffi::c_char;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// The panic hook of this library (its own copy of std, so the hook is ours alone): a panic
@@ -83,6 +87,58 @@ pub(crate) fn status(name: &str, f: impl FnOnce() -> crate::error::Result<()>) -
             Err(e) => fail(name, e),
         },
     )
+}
+
+// ---- versioned structs (mimalloc's pattern: `size` and `version` first) -------------------
+
+/// Copy `s` into `dst` as a NUL-terminated C string, cut to fit.
+pub(crate) fn copy_cstr(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len() - 1);
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
+}
+
+/// The bytes to write into versioned struct `out`: its `size` field (0: the whole struct),
+/// at most the whole struct, at least the size and version fields.
+///
+/// # Safety
+/// `out` is non-NULL and readable for its first u32.
+pub(crate) unsafe fn versioned_len<T>(out: *const T) -> crate::error::Result<usize> {
+    // SAFETY: the caller guarantees `out` is readable for its first u32.
+    let want = unsafe { out.cast::<u32>().read_unaligned() } as usize;
+    let full = std::mem::size_of::<T>();
+    let n = if want == 0 { full } else { want.min(full) };
+    if n < 8 {
+        return Err(Error::invalid(format!(
+            "size {want} is too small for this struct"
+        )));
+    }
+    Ok(n)
+}
+
+/// Write a versioned struct: honour the caller's `size` (first u32), write at most that many
+/// bytes, set `size` to the bytes written.
+///
+/// # Safety
+/// `out` points to at least `size` writable bytes (or `size_of::<T>()` when `size` is 0), and
+/// `T` starts with `size: u32, version: u32`.
+pub(crate) unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate::error::Result<()> {
+    // SAFETY: forwarded from the caller.
+    let n = unsafe { versioned_len(out) }?;
+    let full = std::mem::size_of::<T>();
+    // SAFETY: T starts with a u32 size field.
+    unsafe { (&mut val as *mut T).cast::<u32>().write(n as u32) };
+    if n == full {
+        // The common case: a fixed-size copy the compiler inlines.
+        // SAFETY: the caller provides `size_of::<T>()` writable bytes.
+        unsafe { out.write_unaligned(val) };
+        return Ok(());
+    }
+    // SAFETY: `n` bytes of `val` are readable and the caller provides `n` writable bytes.
+    unsafe { std::ptr::copy_nonoverlapping((&val as *const T).cast::<u8>(), out.cast::<u8>(), n) };
+    Ok(())
 }
 
 #[cfg(test)]

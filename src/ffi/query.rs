@@ -1,14 +1,14 @@
-//! Queries and control: errors, configuration, capabilities, identity. Shared by every consumer.
+//! Introspection: the machine's capabilities and the mode, what an address is, the
+//! statistics and the pools, a device's memory, and streams about to be destroyed. Shared by
+//! every consumer.
 
-use super::{guard, status};
+use super::{copy_cstr, guard, status, write_versioned};
 use crate::allocator;
 use crate::backing::Kind;
-use crate::error::{self, ERRORS, Error, Status};
-use crate::mode::{ModeRequest, ump_mode};
-use crate::pool;
-use crate::prim::{cuda, os};
-use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::atomic::Ordering;
+use crate::error::{self, Error, Status};
+use crate::mode::ump_mode;
+use crate::pointer::ump_identity;
+use std::ffi::{c_char, c_int, c_void};
 
 /// Most devices `ump_capabilities` describes.
 pub const UMP_MAX_DEVICES: usize = 16;
@@ -18,9 +18,6 @@ const _: () = assert!(crate::stats::STATS_DEVICES == UMP_MAX_DEVICES);
 /// Version of `ump_capabilities` (2: each side's kind and reason; 3: what fork() does with the
 /// host side's memory).
 pub const UMP_CAPABILITIES_VERSION: u32 = 3;
-/// Version of `ump_identity`.
-pub const UMP_IDENTITY_VERSION: u32 = 1;
-
 /// Capabilities of one device.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -113,322 +110,6 @@ fn device_side_kind(s: crate::mode::DeviceSide) -> Kind {
     }
 }
 
-/// What `ump_identify` knows of an address. Versioned like `ump_capabilities`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-#[allow(non_camel_case_types)]
-pub struct ump_identity {
-    /// In: bytes the caller provides (0: the current size). Out: bytes written.
-    pub size: u32,
-    /// Out: `UMP_IDENTITY_VERSION`.
-    pub version: u32,
-    /// The address lies in a live block of this library.
-    pub ours: bool,
-    /// The host may load and store this memory on this machine.
-    pub host_accessible: bool,
-    /// GPU kernels may load and store this memory on this machine (system memory only with
-    /// HMM or ATS).
-    pub device_accessible: bool,
-    /// What kind of memory it is.
-    pub kind: crate::backing::ump_kind,
-    /// Device the memory belongs to or was made for; -1 for host memory.
-    pub device: i32,
-    /// Start of the block (ours) or of the driver's allocation (foreign CUDA); else 0.
-    pub base: usize,
-    /// Size of the block in bytes as requested (ours) or the driver's range size; else 0.
-    pub block_size: usize,
-}
-
-pub(crate) fn copy_cstr(dst: &mut [c_char], s: &str) {
-    let n = s.len().min(dst.len() - 1);
-    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
-        *d = *b as c_char;
-    }
-    dst[n] = 0;
-}
-
-/// The bytes to write into versioned struct `out`: its `size` field (0: the whole struct),
-/// at most the whole struct, at least the size and version fields.
-///
-/// # Safety
-/// `out` is non-NULL and readable for its first u32.
-pub(crate) unsafe fn versioned_len<T>(out: *const T) -> crate::error::Result<usize> {
-    // SAFETY: the caller guarantees `out` is readable for its first u32.
-    let want = unsafe { out.cast::<u32>().read_unaligned() } as usize;
-    let full = std::mem::size_of::<T>();
-    let n = if want == 0 { full } else { want.min(full) };
-    if n < 8 {
-        return Err(Error::invalid(format!(
-            "size {want} is too small for this struct"
-        )));
-    }
-    Ok(n)
-}
-
-/// Write a versioned struct: honour the caller's `size` (first u32), write at most that many
-/// bytes, set `size` to the bytes written.
-///
-/// # Safety
-/// `out` points to at least `size` writable bytes (or `size_of::<T>()` when `size` is 0), and
-/// `T` starts with `size: u32, version: u32`.
-pub(crate) unsafe fn write_versioned<T: Copy>(out: *mut T, mut val: T) -> crate::error::Result<()> {
-    // SAFETY: forwarded from the caller.
-    let n = unsafe { versioned_len(out) }?;
-    let full = std::mem::size_of::<T>();
-    // SAFETY: T starts with a u32 size field.
-    unsafe { (&mut val as *mut T).cast::<u32>().write(n as u32) };
-    if n == full {
-        // The common case: a fixed-size copy the compiler inlines.
-        // SAFETY: the caller provides `size_of::<T>()` writable bytes.
-        unsafe { out.write_unaligned(val) };
-        return Ok(());
-    }
-    // SAFETY: `n` bytes of `val` are readable and the caller provides `n` writable bytes.
-    unsafe { std::ptr::copy_nonoverlapping((&val as *const T).cast::<u8>(), out.cast::<u8>(), n) };
-    Ok(())
-}
-
-/// This thread's last error message, or NULL when there is none. The string stays valid until
-/// the next failing call on this thread or `ump_clear_error()`.
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_last_error() -> *const c_char {
-    guard("ump_last_error", std::ptr::null(), error::last_ptr)
-}
-
-/// Forget this thread's last error message.
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_clear_error() {
-    guard("ump_clear_error", (), error::clear_last)
-}
-
-/// Errors counted since the process started, over all threads (bad frees, double frees, bad
-/// sizes, out-of-memory, configuration errors).
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_error_count() -> u64 {
-    guard("ump_error_count", 0, || {
-        ERRORS.total.load(Ordering::Relaxed)
-    })
-}
-
-/// Initialise now: read the `UMP_ALLOC_*` configuration, select the mode, fix mode and
-/// alignment. Allocation does this implicitly; calling it first surfaces configuration errors
-/// (`UMP_ERR_CONFIG`, `UMP_ERR_UNSUPPORTED`) before any allocation.
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_init() -> c_int {
-    status("ump_init", || allocator::init().map(|_| ()))
-}
-
-/// Check the `UMP_ALLOC_*` configuration without initialising, with the verdict `ump_init`
-/// would give: `UMP_OK`; `UMP_ERR_CONFIG` for a malformed value (the variable, its value and
-/// what it accepts in `ump_last_error`); `UMP_ERR_UNSUPPORTED` for a mode or side this machine
-/// cannot do (what is missing and what to use instead). Settings made with `ump_set_mode` and
-/// the like count as `ump_init` counts them. Nothing is fixed, so a tool can report a bad
-/// setting and still show what would be chosen. After initialisation: `UMP_OK`.
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_config_check() -> c_int {
-    status("ump_config_check", allocator::check)
-}
-
-/// Write what `value` means for configuration variable `name` (a row of `ump_config_var`),
-/// parsed as the configuration parses it, NUL-terminated into `out` (`out_len` bytes): "8 GiB
-/// (8589934592 bytes)" for `UMP_ALLOC_LIMIT` = "8GB"; a row with no parsed form (a path) gives
-/// the value back. Returns `UMP_OK`; `UMP_ERR_CONFIG` when the value is invalid, with the
-/// message the configuration would give in `ump_last_error()` (a query's answer, not counted
-/// in `ump_stats`); `UMP_ERR_INVALID` for a name with no row or an `out_len` too small;
-/// `UMP_ERR_NULL`. `out` is written only on success.
-///
-/// # Safety
-/// `name` and `value` are NULL or NUL-terminated strings; `out` is NULL or writable for
-/// `out_len` bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ump_config_describe(
-    name: *const c_char,
-    value: *const c_char,
-    out: *mut c_char,
-    out_len: usize,
-) -> c_int {
-    const NAME: &str = "ump_config_describe";
-    guard(NAME, Status::UMP_ERR_INTERNAL as c_int, || {
-        let written = (|| {
-            if name.is_null() || value.is_null() || out.is_null() {
-                return Err(Error::new(Status::UMP_ERR_NULL, "an argument is NULL"));
-            }
-            // SAFETY: both non-NULL and NUL-terminated by the caller's contract.
-            let (name, value) = unsafe {
-                (
-                    CStr::from_ptr(name).to_string_lossy(),
-                    CStr::from_ptr(value).to_string_lossy(),
-                )
-            };
-            let text = crate::config::describe(&name, &value, os::memory_available())?;
-            let bytes = text.as_bytes();
-            if bytes.len() >= out_len {
-                return Err(Error::invalid(format!(
-                    "out_len {out_len} is too small for {} bytes and the NUL",
-                    bytes.len()
-                )));
-            }
-            // SAFETY: `out` is writable for `out_len > bytes.len()` bytes (caller's contract).
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.cast::<u8>(), bytes.len() + 1) };
-            dst[..bytes.len()].copy_from_slice(bytes);
-            dst[bytes.len()] = 0;
-            Ok(())
-        })();
-        match written {
-            Ok(()) => Status::UMP_OK as c_int,
-            // An invalid value is the answer to the question: reported, not counted.
-            Err(e) if e.status == Status::UMP_ERR_CONFIG => {
-                error::set_last(&format!("{NAME}: {}", e.msg));
-                e.status as c_int
-            }
-            Err(e) => super::fail(NAME, e),
-        }
-    })
-}
-
-/// Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before
-/// the first allocation. A mode this machine cannot do gives `UMP_ERR_UNSUPPORTED` with the
-/// missing capability; a different mode after the first allocation gives `UMP_ERR_LOCKED`.
-///
-/// # Safety
-/// `name` is NULL or a NUL-terminated string.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ump_set_mode(name: *const c_char) -> c_int {
-    status("ump_set_mode", || {
-        if name.is_null() {
-            return Err(Error::new(Status::UMP_ERR_NULL, "name is NULL"));
-        }
-        // SAFETY: non-NULL and NUL-terminated by the caller's contract.
-        let s = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-        let req = ModeRequest::parse(&s).map_err(|e| Error::invalid(format!("{s:?}: {e}")))?;
-        allocator::set_mode(req)
-    })
-}
-
-/// Request an alignment (a power of two, 16 ..= 65536) before the first allocation; after it,
-/// a different value gives `UMP_ERR_LOCKED`.
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_set_alignment(alignment: usize) -> c_int {
-    status("ump_set_alignment", || allocator::set_alignment(alignment))
-}
-
-/// Request a limit on the bytes mapped by the host pool and by each device, before the first
-/// allocation, in `UMP_ALLOC_LIMIT`'s syntax ("8G", "512M", "1073741824", or "none"); it
-/// overrides the environment. 0 and malformed values give `UMP_ERR_CONFIG`; a different limit
-/// after the first allocation gives `UMP_ERR_LOCKED`.
-///
-/// # Safety
-/// `value` is NULL or a NUL-terminated string.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ump_set_limit(value: *const c_char) -> c_int {
-    status("ump_set_limit", || {
-        if value.is_null() {
-            return Err(Error::new(Status::UMP_ERR_NULL, "value is NULL"));
-        }
-        // SAFETY: non-NULL and NUL-terminated by the caller's contract.
-        let s = unsafe { CStr::from_ptr(value) }.to_string_lossy();
-        let limit = crate::config::parse_limit(&s)
-            .map_err(|e| Error::config(format!("limit {s:?}: {e}")))?;
-        allocator::set_limit(limit)
-    })
-}
-
-/// The alignment in force (after initialisation), else the configured one; 0 when the
-/// configuration is invalid (see `ump_init`).
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_alignment() -> usize {
-    guard("ump_alignment", 0, || match allocator::get() {
-        Some(a) => a.alignment,
-        None => allocator::env_config().map_or(0, |c| c.alignment),
-    })
-}
-
-/// The alignment `ump_malloc(size)` (and calloc, realloc) guarantees for a block of `size`
-/// bytes: `ump_alignment()` for blocks of at least that size; a smaller block gets the
-/// natural alignment of its size class instead (the largest power of two dividing the class
-/// size, at least 16: 64 for 64 bytes, 16 for 40 bytes), so that small arrays do not pay for
-/// a GPU-sized alignment. Device-side blocks (`ump_cupy_malloc`, `ump_torch_malloc`) always get
-/// `ump_alignment()`. Initialises the allocator; returns 0 when the configuration is invalid
-/// (see `ump_init`).
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_block_alignment(size: usize) -> usize {
-    guard(
-        "ump_block_alignment",
-        0,
-        || match allocator::block_alignment(size) {
-            Ok(a) => a,
-            Err(e) => {
-                error::report(&e.context("ump_block_alignment"));
-                0
-            }
-        },
-    )
-}
-
-/// The mode in force, or `UMP_MODE_UNSET` before initialisation.
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_current_mode() -> ump_mode {
-    guard("ump_current_mode", ump_mode::UMP_MODE_UNSET, || {
-        allocator::get().map_or(ump_mode::UMP_MODE_UNSET, |a| a.mode().to_c())
-    })
-}
-
-/// Library version, e.g. "0.1.0".
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_version() -> *const c_char {
-    const V: &CStr =
-        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
-            Ok(v) => v,
-            Err(_) => c"unknown",
-        };
-    V.as_ptr()
-}
-
-/// Describe row `index` of the configuration table (every `UMP_ALLOC_*` variable): its name,
-/// default and meaning, as static NUL-terminated strings. Returns `UMP_OK`, `UMP_ERR_INVALID`
-/// past the last row (the end of the list: a message in `ump_last_error()`, not counted as an
-/// error in `ump_stats`), or `UMP_ERR_NULL`. Outputs are written only on success.
-///
-/// # Safety
-/// Each out-pointer is NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ump_config_var(
-    index: usize,
-    name: *mut *const c_char,
-    default_value: *mut *const c_char,
-    help: *mut *const c_char,
-) -> c_int {
-    const NAME: &str = "ump_config_var";
-    if index >= crate::config::VARS.len() {
-        // Walking the table ends here: a caller's loop condition, not a failure to count.
-        error::set_last(&format!(
-            "{NAME}: no configuration row {index} ({} rows)",
-            crate::config::VARS.len()
-        ));
-        return Status::UMP_ERR_INVALID as c_int;
-    }
-    status(NAME, || {
-        if name.is_null() || default_value.is_null() || help.is_null() {
-            return Err(Error::new(Status::UMP_ERR_NULL, "an out-pointer is NULL"));
-        }
-        let v = &crate::config::VARS[index];
-        // SAFETY: all three checked non-NULL; the caller guarantees they are writable.
-        unsafe {
-            *name = v.name.as_ptr();
-            *default_value = v.default.as_ptr();
-            *help = v.help.as_ptr();
-        }
-        Ok(())
-    })
-}
-
-/// Give cached memory back to the OS and the CUDA driver (like CuPy's `free_all_blocks` and
-/// torch's `empty_cache`). Returns the bytes given back.
-#[unsafe(no_mangle)]
-pub extern "C" fn ump_trim() -> usize {
-    guard("ump_trim", 0, allocator::trim)
-}
-
 /// Fill `out` with the machine's capabilities and the mode (see `ump_capabilities`).
 /// Does not fix the mode. Returns `UMP_OK`, or `UMP_ERR_NULL` / `UMP_ERR_INVALID`.
 ///
@@ -448,18 +129,14 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
         c.has_prefetch_v2 = caps.has_prefetch_v2;
         c.driver_version = caps.driver_version;
         c.device_count = caps.devices.len() as i32;
-        let selected = match allocator::get() {
+        match allocator::get() {
             Some(a) => {
                 c.mode_fixed = true;
                 c.alignment = a.alignment;
-                Ok(a.gpu().selection.clone())
             }
-            None => allocator::env_config().and_then(|cfg| {
-                c.alignment = cfg.alignment;
-                caps.select_sides(cfg.mode, cfg.host_side, cfg.device_side)
-            }),
-        };
-        match selected {
+            None => c.alignment = allocator::env_config().map_or(0, |cfg| cfg.alignment),
+        }
+        match allocator::selection() {
             Ok(sel) => {
                 c.mode = sel.mode.to_c();
                 copy_cstr(&mut c.mode_reason, &sel.reason());
@@ -470,22 +147,7 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
             }
             Err(e) => copy_cstr(&mut c.mode_reason, &e.msg),
         }
-        let fork = match allocator::get() {
-            Some(a) => Some(a.host().fork_rule()),
-            None => allocator::env_config().ok().and_then(|cfg| {
-                let side = caps
-                    .select_sides(cfg.mode, cfg.host_side, cfg.device_side)
-                    .ok()?
-                    .sides
-                    .host;
-                let share = match cfg.pinned_fork {
-                    crate::config::PinnedFork::Share => crate::backing::shared::available(),
-                    crate::config::PinnedFork::Copy => Err("UMP_ALLOC_PINNED_FORK=copy".into()),
-                };
-                Some(crate::host::fork_rule(side, &share))
-            }),
-        };
-        if let Some((shared, rule)) = fork {
+        if let Some((shared, rule)) = allocator::fork_rule() {
             c.fork_shared = shared;
             copy_cstr(&mut c.fork_rule, &rule);
         }
@@ -504,51 +166,6 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
     })
 }
 
-/// Fill an identity for any address, ours or not.
-pub(crate) fn identify(ptr: usize) -> ump_identity {
-    // SAFETY: all-zero is a valid value of this plain-data struct (UMP_KIND_UNKNOWN is 0).
-    let mut id: ump_identity = unsafe { std::mem::zeroed() };
-    id.version = UMP_IDENTITY_VERSION;
-    id.device = -1;
-    if let Some(info) = pool::lookup(ptr) {
-        let kind = info.pool.kind();
-        id.ours = true;
-        id.kind = kind;
-        id.device = info.pool.device();
-        id.base = info.base;
-        id.block_size = info.size;
-        id.host_accessible = kind.host_accessible();
-        id.device_accessible = allocator::get().is_some_and(|a| a.device_accessible(kind));
-        return id;
-    }
-    if let Some(p) = pool::pool_at(ptr) {
-        // Memory we hold in cache but that is not a live block.
-        id.kind = p.kind();
-        id.device = p.device();
-        id.host_accessible = p.kind().host_accessible();
-        id.device_accessible = allocator::get().is_some_and(|a| a.device_accessible(p.kind()));
-        return id;
-    }
-    if ptr == 0 {
-        return id;
-    }
-    if let Some(pi) = cuda::pointer_info(ptr) {
-        id.kind = Kind::UMP_KIND_FOREIGN_CUDA;
-        id.device = pi.device;
-        id.base = pi.range_start;
-        id.block_size = pi.range_size;
-        id.host_accessible = pi.is_managed || pi.memory_type == cuda::CU_MEMORYTYPE_HOST;
-        id.device_accessible = true;
-        return id;
-    }
-    if os::is_mapped(ptr) {
-        id.kind = Kind::UMP_KIND_FOREIGN_HOST;
-        id.host_accessible = true;
-        id.device_accessible = allocator::caps().pageable_everywhere();
-    }
-    id
-}
-
 /// 1 when `ptr` is the start of a live block of ump-alloc's (from any of its allocation
 /// functions), else 0 (NULL, foreign memory, a freed block, an address inside a block). A
 /// registry lookup: lock-free, and it never asks the CUDA driver (`ump_identify` may, to say
@@ -557,7 +174,7 @@ pub(crate) fn identify(ptr: usize) -> ump_identity {
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_owns(ptr: *const c_void) -> c_int {
     guard("ump_owns", 0, || {
-        c_int::from(pool::lookup(ptr as usize).is_some_and(|info| info.base == ptr as usize))
+        c_int::from(crate::pointer::is_block_start(ptr as usize))
     })
 }
 
@@ -575,7 +192,7 @@ pub unsafe extern "C" fn ump_identify(ptr: *const c_void, out: *mut ump_identity
         if out.is_null() {
             return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }
-        let id = identify(ptr as usize);
+        let id = crate::pointer::identify(ptr as usize);
         // SAFETY: non-NULL; the caller provides `size` bytes.
         unsafe { write_versioned(out, id) }
     })
@@ -594,7 +211,7 @@ pub unsafe extern "C" fn ump_stats(out: *mut crate::stats::ump_stats) -> c_int {
         if out.is_null() {
             return Err(Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }
-        let s = allocator::collect_stats();
+        let s = crate::stats::collect_stats();
         // SAFETY: `out` is non-NULL and, per the contract, holds `size` writable bytes.
         unsafe { write_versioned(out, s) }
     })
@@ -605,7 +222,7 @@ pub unsafe extern "C" fn ump_stats(out: *mut crate::stats::ump_stats) -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_reset_peak() -> c_int {
     status("ump_reset_peak", || {
-        allocator::reset_peaks();
+        crate::stats::reset_peaks();
         Ok(())
     })
 }
@@ -656,7 +273,7 @@ pub unsafe extern "C" fn ump_pool_stat(index: usize, out: *mut ump_pool_stat) ->
         if out.is_null() {
             return super::fail(NAME, Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }
-        let reports = allocator::pool_reports();
+        let reports = crate::stats::pool_reports();
         let Some(&(device, r)) = reports.get(index) else {
             // Walking the list ends here: a caller's loop condition, not a failure to count.
             error::set_last(&format!(
@@ -747,24 +364,7 @@ pub extern "C" fn ump_stream_retire(device: c_int, stream: *mut c_void) -> c_int
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn identify_ours_foreign_and_null() {
-        let p = crate::ffi::numpy::ump_malloc(3000) as usize;
-        let id = identify(p + 1234);
-        assert!(id.ours);
-        assert_eq!(id.base, p);
-        assert_eq!(id.block_size, 3000);
-        assert!(id.host_accessible);
-        crate::ffi::numpy::ump_free(p as *mut c_void, 3000);
-        assert!(!identify(p).ours);
-        let x = Box::new(5u64);
-        let f = identify(&*x as *const u64 as usize);
-        assert!(!f.ours);
-        assert_eq!(f.kind, Kind::UMP_KIND_FOREIGN_HOST);
-        assert!(f.host_accessible);
-        assert_eq!(identify(0).kind, Kind::UMP_KIND_UNKNOWN);
-    }
+    use crate::pointer::UMP_IDENTITY_VERSION;
 
     #[test]
     fn versioned_write_honours_size() {

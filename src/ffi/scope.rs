@@ -78,7 +78,7 @@ pub unsafe extern "C" fn ump_scope_end_ex(out: *mut ump_scope_report) -> c_int {
         }
         // Check the size before ending the scope: a failure leaves the scope open.
         // SAFETY: non-NULL; the caller provides at least the first u32.
-        unsafe { super::query::versioned_len(out) }?;
+        unsafe { super::versioned_len(out) }?;
         let r = scope::end()?;
         let rep = ump_scope_report {
             size: 0,
@@ -92,7 +92,7 @@ pub unsafe extern "C" fn ump_scope_end_ex(out: *mut ump_scope_report) -> c_int {
             freed: r.freed_at_end,
         };
         // SAFETY: as above; the size was checked.
-        unsafe { super::query::write_versioned(out, rep) }
+        unsafe { super::write_versioned(out, rep) }
     })
 }
 

@@ -20,6 +20,7 @@ use super::{guard, status};
 use crate::allocator;
 use crate::error::{self, Error, ErrorClass, Status};
 use crate::prim::elf;
+use crate::prim::fork::lock;
 use crate::prim::torch as cxx;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::ptr::null_mut;
@@ -283,7 +284,7 @@ pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> 
         let path = unsafe { CStr::from_ptr(libc10_cuda) }
             .to_str()
             .map_err(|_| Error::invalid("libc10_cuda is not UTF-8"))?;
-        let mut slots = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = lock(&SLOTS);
         if slots.is_some() {
             return Ok(());
         }
@@ -352,7 +353,7 @@ pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> 
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_torch_unhook_segments() -> c_int {
     status("ump_torch_unhook_segments", || {
-        let mut slots = SLOTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = lock(&SLOTS);
         if let Some(v) = slots.take() {
             let real = REAL_MALLOC.load(Ordering::Acquire);
             for s in v.iter().filter(|s| s.symbol == "cudaMalloc") {
@@ -369,6 +370,6 @@ pub extern "C" fn ump_torch_unhook_segments() -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_torch_segments_hooked() -> c_int {
     guard("ump_torch_segments_hooked", 0, || {
-        c_int::from(SLOTS.lock().unwrap_or_else(|e| e.into_inner()).is_some())
+        c_int::from(lock(&SLOTS).is_some())
     })
 }

@@ -635,7 +635,7 @@ mod tests {
     #[test]
     fn stream_pools_share_one_space_and_move_idle_chunks_with_their_pages() {
         let sp = space();
-        let stats = Box::leak(Box::new(crate::stats::PoolStats::default()));
+        let stats = Box::leak(Box::new(crate::pool::PoolStats::default()));
         let g = StreamPools::new(
             0,
             Box::new(move || Box::new(VmmBacking::new(sp))),

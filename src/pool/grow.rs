@@ -447,7 +447,7 @@ mod refusal_tests {
     //! Issue 21: a refused or failed resize leaves the allocator exactly as it was, and a chunk
     //! that changes size never clears registry entries of a range the OS already took back.
     use super::*;
-    use crate::backing::{Backing, Chunk, Growth, HostBacking, RangeBook};
+    use crate::backing::{ARENA, Backing, Chunk, Growth, HostBacking, RangeBook};
     use crate::error::Result;
     use std::sync::atomic::AtomicBool;
 
@@ -823,7 +823,7 @@ mod refusal_tests {
 #[cfg(test)]
 mod room_tests {
     use super::*;
-    use crate::backing::{Backing, Chunk, Growth, RangeBook};
+    use crate::backing::{ARENA, Backing, Chunk, Growth, RangeBook};
     use crate::error::Result;
     use crate::prim::os;
 

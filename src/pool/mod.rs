@@ -28,10 +28,10 @@
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
 use crate::prim::cuda;
+use crate::prim::fork::lock;
 use crate::registry::{self, GRANULE};
-use crate::stats::PoolStats;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 mod chunk;
 mod class;
@@ -41,10 +41,12 @@ mod hold;
 mod residency;
 mod slab;
 mod span;
+pub mod stats;
 mod tcache;
 
 pub use class::ClassTable;
 pub use residency::mark_away;
+pub use stats::PoolStats;
 
 use slab::{ClassState, Slab};
 use span::{Large, Span};
@@ -67,9 +69,6 @@ pub(crate) use tcache::{
 
 /// Largest request served from slabs; larger ones get spans of their own.
 pub(crate) const SMALL_MAX: usize = 256 << 10;
-/// Default size of a chunk that spans are cut from. Requests of half of it or more get a
-/// chunk of their own.
-pub(crate) const ARENA: usize = 64 << 20;
 /// Largest slab.
 const SLAB_MAX: usize = 4 << 20;
 /// Largest request accepted at all (keeps every size computation far from overflow).
@@ -78,12 +77,6 @@ pub(crate) const MAX_REQUEST: usize = isize::MAX as usize / 2;
 const TAG_SPAN: usize = 1;
 const TAG_SLAB: usize = 2;
 const TAG_MASK: usize = 3;
-
-/// Lock a mutex, ignoring poisoning: a panic caught at the C boundary must not wedge the pool.
-/// Every critical section keeps the state consistent at each point a panic could occur.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// What a stream-ordered pool needs from the set of pools of its device (implemented one
 /// layer up, by `stream::StreamPools`), so that dependencies point down.
@@ -219,6 +212,7 @@ fn epoch_ms(t: std::time::Instant) -> u64 {
 }
 
 /// Descriptor a registry entry points at.
+#[derive(Clone, Copy)]
 pub enum Entry {
     Span(&'static Span),
     Slab(&'static Slab),
@@ -240,21 +234,50 @@ pub fn entry_at(addr: usize) -> Option<Entry> {
     }
 }
 
+impl Entry {
+    /// The pool whose descriptor this is.
+    #[inline]
+    pub fn pool(self) -> &'static Pool {
+        match self {
+            Entry::Slab(s) => s.pool,
+            Entry::Span(sp) => sp.pool,
+        }
+    }
+
+    /// The live block containing `addr`, if this descriptor (found for `addr`) has one there.
+    #[inline]
+    pub fn lookup(self, addr: usize) -> Option<BlockInfo> {
+        match self {
+            Entry::Slab(s) => s.lookup(addr),
+            Entry::Span(sp) => sp.lookup(addr),
+        }
+    }
+
+    /// Free the block starting at `ptr`, this descriptor being the one found for `ptr`.
+    /// Returns the bytes it held. Errors leave everything as it was.
+    #[inline]
+    pub fn free(self, ptr: usize) -> Result<usize> {
+        match self {
+            Entry::Slab(s) => s.pool.free_small(s, ptr),
+            Entry::Span(sp) => {
+                let n = sp.pool.free_large(sp, ptr)?;
+                sp.pool.stats.frees.fetch_add(1, Ordering::Relaxed);
+                sp.pool.stats.sub_in_use(n);
+                if sp.pool.over_retain() {
+                    sp.pool.release_pinning();
+                }
+                Ok(n)
+            }
+        }
+    }
+}
+
 /// Free the block starting at `ptr`, whichever pool it belongs to (one registry lookup).
 /// Returns the bytes it held. Errors leave everything as it was.
 #[inline]
 pub fn free_block(ptr: usize) -> Result<usize> {
     match entry_at(ptr) {
-        Some(Entry::Slab(s)) => s.pool.free_small(s, ptr),
-        Some(Entry::Span(sp)) => {
-            let n = sp.pool.free_large(sp, ptr)?;
-            sp.pool.stats.frees.fetch_add(1, Ordering::Relaxed);
-            sp.pool.stats.sub_in_use(n);
-            if sp.pool.over_retain() {
-                sp.pool.release_pinning();
-            }
-            Ok(n)
-        }
+        Some(e) => e.free(ptr),
         None => Err(Error::not_ours(format!(
             "{ptr:#x} was not allocated by ump-alloc"
         ))),
@@ -294,10 +317,7 @@ pub fn pool_at(addr: usize) -> Option<&'static Pool> {
 /// Find the live block containing `addr` (any pool). Lock-free.
 #[inline]
 pub fn lookup(addr: usize) -> Option<BlockInfo> {
-    match entry_at(addr)? {
-        Entry::Slab(s) => s.lookup(addr),
-        Entry::Span(sp) => sp.lookup(addr),
-    }
+    entry_at(addr)?.lookup(addr)
 }
 
 impl std::fmt::Debug for Pool {
@@ -712,19 +732,19 @@ impl Pool {
     }
 
     /// Fork: take this pool's class locks (all of them, in order).
-    pub(crate) fn fork_lock_classes(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_classes(&'static self, held: &mut crate::prim::fork::Held) {
         for c in self.classes.iter() {
             held.push(lock(c));
         }
     }
 
     /// Fork: take this pool's large lock.
-    pub(crate) fn fork_lock_large(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_large(&'static self, held: &mut crate::prim::fork::Held) {
         held.push(lock(&self.large));
     }
 
     /// Fork: take this pool's retire-event lock.
-    pub(crate) fn fork_lock_retire(&'static self, held: &mut crate::fork::Held) {
+    pub(crate) fn fork_lock_retire(&'static self, held: &mut crate::prim::fork::Held) {
         held.push(lock(&self.retire_event));
     }
 }

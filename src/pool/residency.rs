@@ -174,7 +174,7 @@ mod tests {
     const MB: usize = 1 << 20;
 
     fn group(device_memory: usize) -> &'static StreamPools {
-        let stats = Box::leak(Box::new(crate::stats::PoolStats::default()));
+        let stats = Box::leak(Box::new(crate::pool::PoolStats::default()));
         let g = StreamPools::new(
             0,
             Box::new(|| Box::new(HostBacking::for_device(Kind::UMP_KIND_SYSTEM, 0))),

@@ -20,6 +20,7 @@
 
 use super::Pool;
 use super::slab::Slab;
+use crate::prim::fork::lock;
 use crate::prim::os;
 use std::cell::{Cell, UnsafeCell};
 use std::sync::Mutex;
@@ -94,7 +95,7 @@ static ASYM_PROBED: AtomicBool = AtomicBool::new(false);
 static CACHES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 fn caches() -> std::sync::MutexGuard<'static, Vec<usize>> {
-    CACHES.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&CACHES)
 }
 
 /// `TC` holds 0 before the thread has a cache and `GONE` after it was destroyed.
@@ -670,7 +671,7 @@ pub fn flush_thread_counts() {
 
 /// Before `fork()`: hold the list and quiesce every cache, so that no thread is inside a busy
 /// window when the process is copied.
-pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
+pub(crate) fn fork_prepare(held: &mut crate::prim::fork::Held) {
     let list = caches();
     for &addr in list.iter() {
         // SAFETY: live caches (the list lock is held).

@@ -1,5 +1,5 @@
 use super::*;
-use crate::backing::HostBacking;
+use crate::backing::{ARENA, HostBacking};
 use std::sync::atomic::AtomicBool;
 
 fn pool_with(align: usize, limit: Option<usize>, retain: usize) -> &'static Pool {
@@ -460,21 +460,21 @@ fn report_shows_what_is_mapped_cached_and_the_largest_free_block() {
     let b = p.alloc(8 * mb).unwrap().ptr;
     let c = p.alloc(8 * mb).unwrap().ptr;
     let r = p.report();
-    assert_eq!(r.mapped, super::ARENA);
-    assert_eq!(r.cached, super::ARENA - 24 * mb);
-    assert_eq!(r.largest_free, super::ARENA - 24 * mb, "the arena's tail");
+    assert_eq!(r.mapped, ARENA);
+    assert_eq!(r.cached, ARENA - 24 * mb);
+    assert_eq!(r.largest_free, ARENA - 24 * mb, "the arena's tail");
     assert_eq!((r.stream, r.retired), (0, false));
     p.free(b).unwrap();
     p.free(c).unwrap();
     let r = p.report();
-    assert_eq!(r.cached, super::ARENA - 8 * mb, "b and c are free");
+    assert_eq!(r.cached, ARENA - 8 * mb, "b and c are free");
     assert_eq!(
         r.largest_free,
-        super::ARENA - 8 * mb,
+        ARENA - 8 * mb,
         "b, c and the tail are one run"
     );
     p.free(a).unwrap();
-    assert_eq!(p.report().cached, super::ARENA);
+    assert_eq!(p.report().cached, ARENA);
     p.trim();
     assert_eq!(p.report(), crate::pool::PoolReport::default());
 }
@@ -486,7 +486,7 @@ fn largest_free_block_counts_listed_neighbours_merged_and_is_servable() {
     let a = p.alloc(8 * mb).unwrap().ptr;
     let b = p.alloc(8 * mb).unwrap().ptr;
     let c = p.alloc(8 * mb).unwrap().ptr;
-    let tail = super::ARENA - 24 * mb;
+    let tail = ARENA - 24 * mb;
     // b alone: a hole between a and c (kept on the exact-size list), smaller than the tail.
     p.free(b).unwrap();
     assert_eq!(p.report().largest_free, tail);
@@ -497,17 +497,13 @@ fn largest_free_block_counts_listed_neighbours_merged_and_is_servable() {
     assert_eq!(r.cached, tail + 16 * mb);
     // The figure is what an allocation gets without mapping more.
     let big = p.alloc(r.largest_free).unwrap().ptr;
-    assert_eq!(
-        p.report().mapped,
-        super::ARENA,
-        "served from the same chunk"
-    );
+    assert_eq!(p.report().mapped, ARENA, "served from the same chunk");
     assert_eq!(p.report().largest_free, 0);
     p.free(big).unwrap();
     p.free(a).unwrap();
     assert_eq!(
         p.report().largest_free,
-        super::ARENA,
+        ARENA,
         "all merged: the whole chunk"
     );
 }

@@ -6,18 +6,26 @@ use crate::backing::{
     Backing, DeviceBacking, HostBacking, Kind, ManagedBacking, RegisteredBacking, Space, VmmBacking,
 };
 use crate::config::{self, Config};
-use crate::error::ERRORS;
 use crate::error::{Error, Result, Status};
 use crate::host::HostPools;
-use crate::mode::{DeviceSide, HostSide, MachineCaps, Mode, ModeRequest, Selection};
-use crate::pool::{self, BlockInfo, Pool};
-use crate::prim::{cuda, os};
-use crate::stats::{
-    PoolStats, STATS_DEVICES, STATS_KINDS, UMP_STATS_VERSION, ump_stats, ump_usage,
-};
+use crate::mode::{DeviceSide, HostSide, Mode, ModeRequest, Selection};
+use crate::pool::{self, BlockInfo, Pool, PoolStats};
+use crate::prim::cuda::{self, MachineCaps};
+use crate::prim::fork::{Held, lock};
+use crate::prim::os;
 use crate::stream::StreamPools;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+
+mod device;
+mod malloc;
+
+pub use device::{
+    device_free, device_malloc, device_memory_info, device_record_stream, device_trim,
+    segment_free, segment_malloc, set_device_fraction,
+};
+pub use malloc::{
+    block_alignment, calloc, free, free_cached, malloc, malloc_cached, realloc, realloc_cached,
+};
 
 /// The fixed state after initialisation.
 pub struct Allocator {
@@ -94,10 +102,6 @@ static ENV: OnceLock<Result<Config>> = OnceLock::new();
 static CAPS: OnceLock<MachineCaps> = OnceLock::new();
 static STATE: OnceLock<Allocator> = OnceLock::new();
 static INIT: Mutex<()> = Mutex::new(());
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The configuration from the environment, read and validated once (under `INIT`, so that
 /// no initialisation is half done at a fork; never call it with `INIT` held).
@@ -206,6 +210,37 @@ pub fn check() -> Result<()> {
     caps()
         .select_sides(config.mode, config.host_side, config.device_side)
         .map(|_| ())
+}
+
+/// The sides in force with the reason for each, or, before initialisation, those the
+/// configuration would select on this machine (nothing is fixed; the configuration's error
+/// when it is invalid or asks for what the machine cannot do).
+pub fn selection() -> Result<Selection> {
+    match get() {
+        Some(a) => Ok(a.gpu().selection.clone()),
+        None => env_config()
+            .and_then(|cfg| caps().select_sides(cfg.mode, cfg.host_side, cfg.device_side)),
+    }
+}
+
+/// What `fork()` does with the host side's memory (`host::fork_rule`): the rule in force, or,
+/// before initialisation, the one the configuration would give on this machine (None when it
+/// gives none).
+pub fn fork_rule() -> Option<(bool, String)> {
+    if let Some(a) = get() {
+        return Some(a.host().fork_rule());
+    }
+    let cfg = env_config().ok()?;
+    let side = caps()
+        .select_sides(cfg.mode, cfg.host_side, cfg.device_side)
+        .ok()?
+        .sides
+        .host;
+    let share = match cfg.pinned_fork {
+        config::PinnedFork::Share => crate::backing::shared::available(),
+        config::PinnedFork::Copy => Err("UMP_ALLOC_PINNED_FORK=copy".into()),
+    };
+    Some(crate::host::fork_rule(side, &share))
 }
 
 /// Request a mode before the first allocation. Afterwards only the mode in force is accepted.
@@ -408,9 +443,9 @@ impl Allocator {
         } else {
             usize::MAX
         };
-        let stats = Box::leak(Box::new(PoolStats::with_parent(crate::stats::device_side(
-            kind,
-        ))));
+        let stats = Box::leak(Box::new(PoolStats::with_parent(
+            crate::pool::stats::device_side(kind),
+        )));
         let g = StreamPools::new(
             device,
             make,
@@ -463,6 +498,12 @@ impl Allocator {
             .collect()
     }
 
+    /// Fork: the lock that makes device pool sets (after the CUDA loader's, before any pool
+    /// set's own).
+    pub(crate) fn fork_lock_device_pools(&'static self, held: &mut Held) {
+        held.push(lock(&self.device_pool_lock));
+    }
+
     /// Whether device code can reach memory of `kind` on this machine.
     #[inline]
     pub fn device_accessible(&self, kind: Kind) -> bool {
@@ -480,173 +521,7 @@ impl Allocator {
     }
 }
 
-// ---- statistics ------------------------------------------------------------------------------
-
-/// Collect the counters of every pool.
-pub fn collect_stats() -> ump_stats {
-    let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let mut s = ump_stats {
-        size: 0,
-        version: UMP_STATS_VERSION,
-        mode: crate::mode::ump_mode::UMP_MODE_UNSET,
-        device_count: 0,
-        total: ump_usage::default(),
-        host: ump_usage::default(),
-        host_kind: Kind::UMP_KIND_UNKNOWN,
-        device_kind: Kind::UMP_KIND_UNKNOWN,
-        kinds: [ump_usage::default(); STATS_KINDS],
-        devices: [ump_usage::default(); STATS_DEVICES],
-        streams: 0,
-        stream_waits: 0,
-        stream_syncs: 0,
-        scopes_open: crate::scope::open_count() as u64,
-        errors: c(&ERRORS.total),
-        errors_oom: c(&ERRORS.oom),
-        errors_invalid_free: c(&ERRORS.invalid_free),
-        errors_double_free: c(&ERRORS.double_free),
-        errors_bad_size: c(&ERRORS.bad_size),
-        errors_other: c(&ERRORS.other),
-        host_fallback_allocs: 0,
-        host_fallback_mapped: 0,
-        pinned: 0,
-        pinned_cap: 0,
-        device_reserved: [0; STATS_DEVICES],
-        device_discarded: [0; STATS_DEVICES],
-        device_largest_free: [0; STATS_DEVICES],
-        host_reserved: 0,
-        host_largest_free: 0,
-        host_reallocs_in_place: 0,
-        host_reallocs_copied: 0,
-        host_realloc_copied_bytes: 0,
-        host_fork_held: 0,
-        host_fork_held_blocks: 0,
-    };
-    let Some(a) = get() else {
-        return s;
-    };
-    crate::pool::flush_thread_counts();
-    s.mode = a.mode().to_c();
-    let host = a.host_pool();
-    // What no child may read any more is not counted as held.
-    host.release_held(true);
-    s.host_fork_held = host.stats.fork_held.load(Ordering::Relaxed) as u64;
-    s.host_fork_held_blocks = host.stats.fork_held_blocks.load(Ordering::Relaxed) as u64;
-    s.host = host.stats.usage();
-    s.host.cached = a.host.cached_bytes() as u64;
-    let (fb_allocs, fb_mapped) = a.host.fallback_usage();
-    s.host_fallback_allocs = fb_allocs;
-    s.host_fallback_mapped = fb_mapped as u64;
-    let (pinned, cap) = crate::backing::pinned();
-    s.pinned = pinned as u64;
-    s.pinned_cap = cap as u64;
-    for p in a.host.pools() {
-        let r = p.report();
-        s.host_reserved += r.reserved as u64;
-        s.host_largest_free = s.host_largest_free.max(r.largest_free as u64);
-    }
-    s.host_reallocs_in_place = c(&host.stats.reallocs_in_place);
-    s.host_reallocs_copied = c(&host.stats.reallocs_copied);
-    s.host_realloc_copied_bytes = c(&host.stats.realloc_copied_bytes);
-    s.host_kind = host.kind();
-    s.kinds[host.kind() as usize].add(&s.host);
-    s.total.add(&s.host);
-    for g in a.device_groups() {
-        let pools = g.pools();
-        let Some(first) = pools.first() else { continue };
-        let mut u = g.stats.usage();
-        u.cached = g.cached_bytes() as u64;
-        s.device_kind = first.kind();
-        s.kinds[first.kind() as usize].add(&u);
-        s.total.add(&u);
-        s.streams += pools.len() as u64;
-        s.stream_waits += g.waits.load(Ordering::Relaxed);
-        s.stream_syncs += g.syncs.load(Ordering::Relaxed);
-        if let Ok(i) = usize::try_from(g.device())
-            && i < STATS_DEVICES
-        {
-            s.devices[i] = u;
-            s.device_count = s.device_count.max(i as u32 + 1);
-            s.device_discarded[i] = c(&g.stats.discarded);
-            for r in g.reports() {
-                s.device_reserved[i] += r.reserved as u64;
-                s.device_largest_free[i] = s.device_largest_free[i].max(r.largest_free as u64);
-            }
-        }
-    }
-    s
-}
-
-/// A snapshot of every pool: the host side's (device -1; the primary, then the fallback) and
-/// each device's, one per stream.
-pub fn pool_reports() -> Vec<(i32, crate::pool::PoolReport)> {
-    let Some(a) = get() else {
-        return Vec::new();
-    };
-    let host = a.host.pools().map(|p| (-1, p.report()));
-    let devices = a
-        .device_groups()
-        .into_iter()
-        .flat_map(|g| g.reports().into_iter().map(move |r| (g.device(), r)));
-    host.chain(devices).collect()
-}
-
-/// Reset every peak to the current value.
-pub fn reset_peaks() {
-    let Some(a) = get() else {
-        return;
-    };
-    a.host_pool().stats.reset_peak();
-    for g in a.device_groups() {
-        g.stats.reset_peak();
-    }
-    crate::stats::reset_device_side_peaks();
-}
-
-// ---- the host malloc family (NumPy's contract) ---------------------------------------------
-
-/// malloc's fast path: a small block from this thread's cache of the host side's primary pool
-/// (the host side serves small blocks from it first), when no scope is open; None: use
-/// [`malloc`].
-#[inline(always)]
-pub fn malloc_cached(n: usize) -> Option<usize> {
-    if crate::scope::any_open() {
-        return None;
-    }
-    pool::alloc_cached(n)
-}
-
-/// malloc: `n` bytes, aligned; 0 yields a unique block.
-#[inline]
-pub fn malloc(n: usize) -> Result<usize> {
-    let ptr = instance()?.host.alloc(n)?.ptr;
-    crate::scope::on_alloc(ptr, n);
-    Ok(ptr)
-}
-
-/// calloc: zeroed `nelem * elsize` bytes; overflow is an error (ENOMEM at the C layer).
-pub fn calloc(nelem: usize, elsize: usize) -> Result<usize> {
-    let n = nelem
-        .checked_mul(elsize)
-        .ok_or_else(|| Error::bad_size(format!("{nelem} * {elsize} bytes overflows")))?;
-    let a = instance()?.host.alloc(n)?;
-    if !a.zeroed && n > 0 {
-        // SAFETY: host-accessible block of at least n bytes, just allocated.
-        unsafe { std::ptr::write_bytes(a.ptr as *mut u8, 0, n) };
-    }
-    crate::scope::on_alloc(a.ptr, n);
-    Ok(a.ptr)
-}
-
-/// The alignment a host-side block of `n` bytes gets: the configured alignment, or for a block
-/// smaller than it, the natural alignment of its size class (see `pool::class`).
-pub fn block_alignment(n: usize) -> Result<usize> {
-    let t = instance()?.host_pool().classes();
-    Ok(if n <= crate::pool::SMALL_MAX {
-        t.alignment_of(t.class_of(n))
-    } else {
-        t.alignment_of(t.len() - 1)
-    })
-}
+// ---- blocks of either side -----------------------------------------------------------------
 
 /// Whether `ptr` lies in memory this library's pools hold (a live block or not). Memory from
 /// any other allocator never does: the registry covers only chunks this library mapped, and
@@ -658,259 +533,35 @@ pub fn owns(ptr: usize) -> bool {
 
 /// The live block starting exactly at `ptr`, or the error that explains why not.
 pub fn block_at(ptr: usize) -> Result<BlockInfo> {
-    match pool::lookup(ptr) {
-        Some(info) if info.base == ptr => Ok(info),
+    block_of(pool::entry_at(ptr), ptr).map(|(_, info)| info)
+}
+
+/// [`block_at`] given the registry's entry for `ptr` (so that a caller that goes on to free
+/// the block looks it up once).
+fn block_of(entry: Option<pool::Entry>, ptr: usize) -> Result<(pool::Entry, BlockInfo)> {
+    let Some(entry) = entry else {
+        return Err(Error::not_ours(format!(
+            "{ptr:#x} was not allocated by ump-alloc"
+        )));
+    };
+    match entry.lookup(ptr) {
+        Some(info) if info.base == ptr => Ok((entry, info)),
         Some(info) => Err(Error::not_ours(format!(
             "{ptr:#x} points inside the block at {:#x}, not at its start",
             info.base
         ))),
-        None => match pool::entry_at(ptr) {
-            Some(_) => Err(Error::double_free(format!(
-                "{ptr:#x} is not a live block (already freed?)"
-            ))),
-            None => Err(Error::not_ours(format!(
-                "{ptr:#x} was not allocated by ump-alloc"
-            ))),
-        },
+        None => Err(Error::double_free(format!(
+            "{ptr:#x} is not a live block (already freed?)"
+        ))),
     }
 }
 
-/// realloc's fast path: a small block of a host pool that keeps its size class is resized in
-/// place, counted in this thread's cache, when no scope is open. None: use [`realloc`].
-#[inline(always)]
-pub fn realloc_cached(ptr: usize, n: usize) -> Option<usize> {
-    if crate::scope::any_open() {
-        return None;
-    }
-    pool::resize_cached(ptr, n)
-}
-
-/// realloc: contents kept up to the smaller size, alignment kept; on failure the old block
-/// stays valid. `ptr == 0` is malloc.
-pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
-    if ptr == 0 {
-        return malloc(n);
-    }
-    let info = block_at(ptr)?;
-    if !info.pool.kind().host_accessible() {
-        return Err(Error::invalid(format!(
-            "{ptr:#x} is device memory; the host cannot reallocate it"
-        )));
-    }
-    let stats = info.pool.stats;
-    let ordered = info.pool.is_stream_ordered();
-    if let Some(at) = info.pool.resize_in_place(&info, n) {
-        if ordered && n > info.size {
-            // The block may have grown over memory freed in its stream's order: the caller
-            // writes it from the host once realloc returns.
-            info.pool.host_wait();
-        }
-        crate::scope::on_resize(ptr, at, n);
-        stats.reallocs_in_place.fetch_add(1, Ordering::Relaxed);
-        return Ok(at);
-    }
-    let new = if ordered {
-        // A retired stream's handle is never used again: the new block is the legacy default
-        // stream's, which orders with every blocking stream.
-        let pool = match get().and_then(|a| a.device_group(info.pool.device())) {
-            Some(g) if info.pool.is_retired() => g.pool_for(0)?,
-            _ => info.pool,
-        };
-        let new = pool.alloc(n)?.ptr;
-        // The copy below writes it from the host.
-        pool.host_wait();
-        new
-    } else {
-        instance()?.host.alloc(n)?.ptr
-    };
-    let kept = info.size.min(n);
-    // SAFETY: both blocks are host-accessible, distinct, and at least this long.
-    unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, new as *mut u8, kept) };
-    crate::scope::on_resize(ptr, new, n);
-    info.pool.free(ptr)?;
-    stats.reallocs_copied.fetch_add(1, Ordering::Relaxed);
-    stats
-        .realloc_copied_bytes
-        .fetch_add(kept as u64, Ordering::Relaxed);
-    Ok(new)
-}
-
-/// free's fast path: a small block of a host pool back into this thread's cache, when no scope
-/// is open (host blocks are never deferred: that is device memory). None: use [`free`].
-#[inline(always)]
-pub fn free_cached(ptr: usize) -> Option<Result<()>> {
-    if crate::scope::any_open() {
-        return None;
-    }
-    pool::free_cached(ptr).map(|r| r.map(|_| ()))
-}
-
-/// free: any live block of ours; `ptr == 0` is a no-op.
-#[inline]
-pub fn free(ptr: usize) -> Result<()> {
-    if ptr == 0 {
-        return Ok(());
-    }
-    if crate::stream::any_deferred() {
-        refuse_deferred(ptr)?;
-    }
-    // Before the free: once freed, another thread may get the same address.
-    crate::scope::on_free(ptr);
-    pool::free_block(ptr).map(|_| ())
-}
-
-/// A block whose free waits for other streams was freed already: another free is a double free.
+/// The error for a second free of a block whose first free waits for other streams.
 #[cold]
-fn refuse_deferred(ptr: usize) -> Result<()> {
-    let deferred = pool::lookup(ptr)
-        .filter(|i| i.pool.is_stream_ordered())
-        .and_then(|i| get().and_then(|a| a.device_group(i.pool.device())))
-        .is_some_and(|g| g.is_deferred(ptr));
-    if deferred {
-        return Err(Error::double_free(format!(
-            "double free of {ptr:#x} (freed already, waiting for the streams it was recorded on)"
-        )));
-    }
-    Ok(())
-}
-
-// ---- the device side (CuPy's and PyTorch's contracts) --------------------------------------
-
-/// Allocate `n` bytes for GPU libraries on `device`. `stream` is the stream the block will be
-/// used on (0: the legacy default stream).
-pub fn device_malloc(n: usize, device: i32, stream: usize) -> Result<usize> {
-    let a = instance()?;
-    let g = a.device_pools(device)?;
-    g.release_deferred(false);
-    let ptr = g.pool_for(stream)?.alloc(n)?.ptr;
-    crate::scope::on_alloc(ptr, n);
-    Ok(ptr)
-}
-
-/// A segment for PyTorch's caching allocator (its `cudaMalloc`, see `ffi::torch`): `n` bytes
-/// of the device side on the device whose context is current on this thread. `Ok(None)` when
-/// the request is not ump-alloc's to serve (no device side, no current context, a `fork()`
-/// child): the caller hands it to CUDA as before. Segments are outside every scope: PyTorch
-/// owns them.
-pub fn segment_malloc(n: usize) -> Result<Option<usize>> {
-    let a = instance()?;
-    if cuda::fork_poisoned() || a.gpu().selection.sides.device == DeviceSide::None {
-        return Ok(None);
-    }
-    let Some(device) = cuda::current_device() else {
-        return Ok(None);
-    };
-    let g = a.device_pools(device)?;
-    g.release_deferred(false);
-    let pool = g.pool_for(0)?;
-    // Plain cuMemAlloc memory can be shared with CUDA IPC, which exports a driver allocation
-    // whole: each segment is then an allocation of its own, as PyTorch's own are.
-    let whole = pool.kind() == Kind::UMP_KIND_DEVICE
-        && pool.backing().commit_page().is_none()
-        && n > pool::SMALL_MAX;
-    let block = if whole {
-        pool.alloc_whole(n)?
-    } else {
-        pool.alloc(n)?
-    };
-    Ok(Some(block.ptr))
-}
-
-/// PyTorch's `cudaFree` of a segment: `Ok(false)` when `ptr` is not a block of ours (the
-/// caller hands it to CUDA). A segment of ours goes back to its pool once the device's queued
-/// work is done, as `cudaFree` waits for it: PyTorch reuses a freed segment's memory without
-/// ordering it after the streams that last used it.
-pub fn segment_free(ptr: usize) -> Result<bool> {
-    let info = match pool::lookup(ptr) {
-        Some(info) if info.pool.device() >= 0 => info,
-        _ => return Ok(false),
-    };
-    if info.base != ptr {
-        return Err(Error::invalid(format!(
-            "cudaFree({ptr:#x}): the address points inside the segment at {:#x}",
-            info.base
-        )));
-    }
-    cuda::device_synchronize(info.pool.device())?;
-    pool::free_block(ptr)?;
-    Ok(true)
-}
-
-/// Free a block made by [`device_malloc`] (any live block of ours is accepted), last used on
-/// `stream` (None: the stream it was allocated for). A block goes back to the pool of the
-/// stream it was allocated on; when `stream` is another one, that pool's stream is first
-/// ordered after `stream`'s work.
-pub fn device_free(ptr: usize, _device: i32, stream: Option<usize>) -> Result<()> {
-    if ptr == 0 {
-        return Ok(());
-    }
-    if stream.is_none() && !crate::stream::any_recorded() {
-        // The block's own stream and no record_stream anywhere: nothing to order or defer.
-        return free(ptr);
-    }
-    let info = block_at(ptr)?;
-    if info.pool.is_stream_ordered()
-        && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
-    {
-        if crate::stream::any_deferred() {
-            refuse_deferred(ptr)?;
-        }
-        if let Some(stream) = stream {
-            g.fence_free(info.pool, stream);
-        }
-        if ptr == info.base && g.defer_free(ptr) {
-            crate::scope::on_free(ptr);
-            return Ok(());
-        }
-    }
-    free(ptr)
-}
-
-/// The block at `ptr` (from [`device_malloc`]) is used on `stream` too (PyTorch's
-/// `tensor.record_stream`): when it is freed, it is reused only after the work queued on
-/// `stream` until then. Blocks of pools that are not stream-ordered need nothing.
-pub fn device_record_stream(ptr: usize, stream: usize) -> Result<()> {
-    let info = block_at(ptr)?;
-    if info.pool.is_stream_ordered()
-        && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
-    {
-        g.record_stream(info.pool, info.base, stream);
-    }
-    Ok(())
-}
-
-/// Give back what the device side caches on every device and stream (PyTorch's
-/// `torch.cuda.empty_cache()`), after the deferred frees complete. Returns the bytes given back.
-pub fn device_trim() -> usize {
-    get().map_or(0, |a| a.device_groups().iter().map(|g| g.trim()).sum())
-}
-
-/// Memory of `device` available to ump-alloc's device side: (free, total) bytes, where free is
-/// what the driver reports free plus what ump-alloc caches on the device (ready for reuse).
-pub fn device_memory_info(device: i32) -> Result<(usize, usize)> {
-    let a = instance()?;
-    let g = a.device_pools(device)?;
-    let (free, total) = cuda::mem_info(device)?;
-    Ok((free.saturating_add(g.cached_bytes()).min(total), total))
-}
-
-/// Limit the device side of `device` to `fraction` of its memory (PyTorch's
-/// `torch.cuda.set_per_process_memory_fraction`), besides `UMP_ALLOC_LIMIT`.
-pub fn set_device_fraction(device: i32, fraction: f64) -> Result<()> {
-    if !(fraction > 0.0 && fraction <= 1.0) {
-        return Err(Error::invalid(format!(
-            "memory fraction {fraction} is not in (0, 1]"
-        )));
-    }
-    let a = instance()?;
-    let total = usize::try_from(device)
-        .ok()
-        .and_then(|i| caps().devices.get(i))
-        .map(|d| d.total_memory)
-        .ok_or_else(|| Error::invalid(format!("no CUDA device {device}")))?;
-    let bytes = ((total as f64) * fraction) as usize;
-    a.device_pools(device)?.set_runtime_limit(bytes.max(1));
-    Ok(())
+fn deferred_twice(ptr: usize) -> Error {
+    Error::double_free(format!(
+        "double free of {ptr:#x} (freed already, waiting for the streams it was recorded on)"
+    ))
 }
 
 /// Give cached memory of every pool back to the OS and the driver, whichever thread cached
@@ -921,44 +572,11 @@ pub fn trim() -> usize {
     })
 }
 
-/// Before `fork()`: take every allocator lock in the global order (see `crate::fork`).
-pub(crate) fn fork_prepare(held: &mut crate::fork::Held) {
+/// Fork: the initialisation lock and the settings made before it (first in the order, see
+/// `crate::fork`).
+pub(crate) fn fork_lock_settings(held: &mut Held) {
     held.push(lock(&INIT));
     held.push(lock(&OVERRIDES));
-    cuda::fork_lock_load(held);
-    if let Some(a) = get() {
-        held.push(lock(&a.device_pool_lock));
-        let groups = a.device_groups();
-        for g in &groups {
-            g.fork_lock_create(held);
-        }
-        pool::tcache_fork_prepare(held);
-        let pools = a.pools();
-        for p in &pools {
-            p.fork_lock_classes(held);
-        }
-        for p in &pools {
-            p.fork_lock_large(held);
-        }
-        for p in &pools {
-            p.fork_lock_retire(held);
-        }
-        for g in &groups {
-            g.fork_lock_orphans(held);
-        }
-        for g in &groups {
-            g.fork_lock_recorded(held);
-        }
-        for g in &groups {
-            g.fork_lock_backing(held);
-        }
-    } else {
-        pool::tcache_fork_prepare(held);
-    }
-    cuda::fork_lock_events(held);
-    crate::scope::fork_lock(held);
-    crate::migrate::fork_lock(held);
-    crate::backing::shared::fork_prepare(held);
 }
 
 /// Set errno to ENOMEM (the malloc family's way of saying why NULL came back).

@@ -1,0 +1,41 @@
+//! Streams and synchronisation: ump-alloc's own streams, and waiting for a stream or a whole
+//! device.
+
+use super::*;
+
+/// A new non-blocking stream on `device` (for ump-alloc's own background work; never
+/// destroyed).
+pub fn stream_create(device: i32) -> Result<usize> {
+    const CU_STREAM_NON_BLOCKING: c_uint = 1;
+    with_device(device.max(0), |d| {
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the device's context is current.
+        check(
+            d,
+            unsafe { (d.cuStreamCreate)(&mut s, CU_STREAM_NON_BLOCKING) },
+            "cuStreamCreate",
+        )?;
+        Ok(s as usize)
+    })
+}
+
+/// Wait for all work queued on `stream` (0: the legacy default stream) in `device`'s context.
+pub fn stream_synchronize(stream: usize, device: i32) -> Result<()> {
+    with_device(device.max(0), |d| {
+        // SAFETY: the driver validates the stream handle.
+        check(
+            d,
+            unsafe { (d.cuStreamSynchronize)(stream as CUstream) },
+            "cuStreamSynchronize",
+        )
+    })
+}
+
+/// Wait for all work queued on every stream of `device`'s primary context (the last resort
+/// of stream-ordered reuse when a stream handle is no longer valid).
+pub fn device_synchronize(device: i32) -> Result<()> {
+    with_device(device.max(0), |d| {
+        // SAFETY: no arguments; the context is current.
+        check(d, unsafe { (d.cuCtxSynchronize)() }, "cuCtxSynchronize")
+    })
+}
