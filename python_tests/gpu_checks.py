@@ -1326,12 +1326,14 @@ def cupy_zero_copy():
 def memory_summary_streams():
     """memory_summary() and pool_stats() on the GPU: one row per stream pool with what it holds
     (a freed 64 MiB block cached on a side stream, a live 32 MiB block on the default stream),
-    and no row for a stream that never allocated (the control)."""
+    and no row for a stream that never allocated (the control). On the ``swap`` route, where
+    ump-alloc keeps a pool per stream; on the default ``segments`` route PyTorch's own caching
+    allocator orders the streams and ump-alloc sees only its segments."""
     import torch
 
     import ump_alloc
 
-    ump_alloc.enable(cupy=False, torch=True)
+    ump_alloc.enable(cupy=False, torch=True, torch_route="swap")
     MB = 2**20
     side, idle = torch.cuda.Stream(), torch.cuda.Stream()
     keep = torch.empty(32 * MB, dtype=torch.uint8, device="cuda").fill_(7)
