@@ -400,7 +400,7 @@ impl Pool {
                     span: AtomicUsize::new(0),
                     magic: (u64::MAX / slot as u64) + 1,
                     words: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
-                    born: AtomicU64::new(super::hold::NEVER),
+                    born: AtomicU64::new(super::span::NEVER),
                     live: AtomicU32::new(0),
                 }));
                 st.slabs.push(SlabState {

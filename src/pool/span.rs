@@ -23,6 +23,10 @@ const SPAN_TAKING: u8 = 4;
 /// Freed, but held back while a fork child may still read it (see `hold`).
 pub(super) const SPAN_HELD: u8 = 5;
 
+/// The generation of memory that is never shared with fork children (never held): the
+/// `born` stamp of spans and slabs in pools whose pages fork copies (see `hold`).
+pub(super) const NEVER: u64 = u64::MAX;
+
 /// Freed spans kept whole for reuse by a request of exactly their length (PyTorch's and
 /// CuPy's common case: the same shapes every iteration). Bounded; the oldest is merged into
 /// the free set when it overflows, and all are whenever a request finds nothing else.
@@ -561,7 +565,7 @@ impl Pool {
                 dirty: AtomicBool::new(false),
                 free_epoch: AtomicU64::new(0),
                 away: AtomicBool::new(false),
-                born: AtomicU64::new(super::hold::NEVER),
+                born: AtomicU64::new(NEVER),
             }))
         });
         sp.state.store(SPAN_FREE, Ordering::Release);
