@@ -49,36 +49,6 @@ pub(crate) fn slack(peak: usize) -> usize {
     SLACK_MIN.max(peak >> SLACK_SHIFT)
 }
 
-/// The books of a lazily committed pool (under its large lock).
-#[derive(Default)]
-pub(crate) struct Lazy {
-    /// Bytes committed in this pool's chunks.
-    pub(super) committed: usize,
-    /// Bytes of spans handed out or cut into slabs (all committed).
-    pub(super) used: usize,
-    /// The current epoch: spans freed now are stamped with it.
-    epoch: u64,
-    /// Fences recorded on the pool's stream, oldest first: (epoch closed, event).
-    fences: VecDeque<(u64, cuda::Event)>,
-    /// Every epoch below this is over on the device.
-    safe: u64,
-    /// Free spans that may hold committed pages, oldest first, by start. Entries go stale
-    /// when spans merge or are reused; they are checked when read.
-    queue: VecDeque<usize>,
-    /// Most bytes of `used` in the current window and in the one before.
-    window_peak: usize,
-    last_window_peak: usize,
-    /// When the current window began (`epoch_ms`; 0: not yet).
-    window_start: u64,
-}
-
-impl Lazy {
-    /// The epoch frees are stamped with now.
-    pub(super) fn epoch(&self) -> u64 {
-        self.epoch
-    }
-}
-
 /// What a purge is for.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Purge {

@@ -20,12 +20,9 @@
 //! While no child may live (`live_max() == 0`), a free costs one relaxed load more.
 
 use super::slab::Slab;
-use super::span::{Large, SPAN_HELD, Span};
+use super::span::{Large, NEVER, SPAN_HELD, Span};
 use super::*;
 use crate::backing::shared;
-
-/// The generation of memory that is never shared with fork children (never held).
-pub(super) const NEVER: u64 = u64::MAX;
 
 impl Pool {
     /// The generation a block (or slab) allocated now belongs to.

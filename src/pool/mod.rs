@@ -10,7 +10,8 @@
 //!   of one size class (`class`). Each slab keeps its own free slots and a class keeps the list
 //!   of slabs with free slots, so a slab whose last slot comes back is found at once and goes
 //!   back to the spans on its own (`slab`). Each thread caches a few free slots per class, so a
-//!   cached small alloc+free takes no lock (`tcache`).
+//!   cached small alloc+free takes no lock (`tcache`); a small request goes to the cache
+//!   first and to the slabs when it has none (`small`).
 //! - All bookkeeping lives outside the memory itself (device memory is not host-readable), in
 //!   descriptors the registry points to. Descriptors are never freed, only recycled inside
 //!   their pool, so lock-free readers (`lookup`) can always dereference what they load, and
@@ -40,6 +41,7 @@ mod grow;
 mod hold;
 mod residency;
 mod slab;
+mod small;
 mod span;
 pub mod stats;
 mod tcache;
@@ -179,7 +181,7 @@ pub struct Pool {
     over_retain: AtomicBool,
     /// Stream-ordered pools (no thread cache): per class, the last freed slot, kept out of its
     /// slab so that an alloc+free pair on one stream takes one atomic swap each and no lock.
-    /// See `slab.rs` (`take_hot`, `put_hot`, `drain_hot`).
+    /// See `small.rs` (`take_hot`, `put_hot`, `drain_hot`).
     hot: Box<[AtomicUsize]>,
     /// Bytes given back to the backing so far (what `trim` reports).
     unmapped: AtomicUsize,

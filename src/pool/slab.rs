@@ -15,17 +15,22 @@
 //! descriptor's current range and refuses it when it does not belong there. Slab and span
 //! states change only under the large lock (see `span`), so a free of a slab's start address
 //! that reaches the span path while the slab is being made or released is refused too.
+//!
+//! What stands in front of the slabs (the thread cache and the hot slot, the refill and the
+//! free paths that use them) is in `small`.
 
-use super::tcache::{self, Slot};
 use super::*;
 use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// A free slot: its slab and index.
+pub(super) type Slot = (&'static Slab, u32);
 
 /// Descriptor of a slab: a span cut into equal slots of one class.
 pub struct Slab {
     pub(super) pool: &'static Pool,
     pub(super) class: usize,
     pub(super) slot: usize,
-    nslots: usize,
+    pub(super) nslots: usize,
     /// `nslots * slot`: the bytes of the slab's slots.
     len: usize,
     /// Index of this descriptor's state in its class (fixed for the descriptor's life).
@@ -35,7 +40,7 @@ pub struct Slab {
     /// Reciprocal of `slot` for division by multiplication: `idx = off * magic >> 64`.
     magic: u64,
     /// Per slot: requested bytes + 1 while handed out, 0 otherwise.
-    words: Box<[AtomicU32]>,
+    pub(super) words: Box<[AtomicU32]>,
     /// The fork generation of its blocks (renewed when it is taken from with no slot out):
     /// see `hold`.
     pub(super) born: AtomicU64,
@@ -50,7 +55,7 @@ pub struct Slab {
 impl Slab {
     /// Slot index of byte offset `off` (exact for offsets below 2^32).
     #[inline]
-    fn slot_of(&self, off: usize) -> usize {
+    pub(super) fn slot_of(&self, off: usize) -> usize {
         ((off as u128 * self.magic as u128) >> 64) as usize
     }
 
@@ -61,7 +66,7 @@ impl Slab {
     }
 
     #[inline(always)]
-    fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         self.len
     }
 
@@ -108,7 +113,7 @@ impl Slab {
 
     /// A block of this slab was freed. Returns whether, by the hint, none is live any more.
     #[inline]
-    fn on_freed(&self) -> bool {
+    pub(super) fn on_freed(&self) -> bool {
         let l = self.live.load(Ordering::Relaxed).wrapping_sub(1);
         self.live.store(l, Ordering::Relaxed);
         l as i32 <= 0
@@ -273,107 +278,9 @@ impl ClassState {
     }
 }
 
-/// A hot slot packs its slab descriptor's address (below 2^48 on every 64-bit target we run
-/// on) and its index (below 2^16: slabs hold fewer slots) into one word; 0 is "none".
-const HOT_IDX_SHIFT: u32 = 48;
-
-fn unpack_hot(v: usize) -> Slot {
-    let ptr = v & ((1usize << HOT_IDX_SHIFT) - 1);
-    // SAFETY: `v` was packed by `put_hot` from a leaked (never freed) slab descriptor, and the
-    // slot kept its slab in use, so the descriptor still describes the slot's slab.
-    let slab = unsafe { &*(ptr as *const Slab) };
-    (slab, (v >> HOT_IDX_SHIFT) as u32)
-}
-
-thread_local! {
-    /// `refill`'s vector of slots, reused (empty between uses).
-    static SCRATCH: std::cell::RefCell<Vec<Slot>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 impl Pool {
-    /// Allocate `n <= SMALL_MAX` bytes from the class that serves it, counted in use.
     #[inline]
-    pub(super) fn alloc_small(&'static self, n: usize) -> Result<Alloc> {
-        let ci = self.table.class_of(n);
-        let hot = if self.is_stream_ordered() {
-            self.take_hot(ci)
-        } else {
-            None
-        };
-        // An explicit branch rather than `hot.or_else(|| tcache::pop(..))`: LLVM stopped
-        // inlining that closure's `or_else` into this function after unrelated changes in the
-        // crate, which cost about 30 instructions per allocation.
-        let cached = if hot.is_some() {
-            hot
-        } else {
-            tcache::pop(self, ci, n)
-        };
-        let (slab, idx) = match cached {
-            Some(x) if hot.is_some() => {
-                self.stats.hits.fetch_add(1, Ordering::Relaxed);
-                self.stats.allocs.fetch_add(1, Ordering::Relaxed);
-                self.stats.add_in_use(n);
-                x
-            }
-            Some(x) => x,
-            None => {
-                let x = self.refill(ci)?;
-                self.stats.add_in_use(n);
-                x
-            }
-        };
-        Ok(Alloc {
-            ptr: slab.hand_out(idx, n),
-            zeroed: false,
-        })
-    }
-
-    /// Slow path of a small allocation: take slots from the class under its lock, one to
-    /// return and a batch for this thread's cache. When the class has none, a new slab is cut
-    /// from a span taken with no class lock held (so that an out-of-memory retry may reclaim
-    /// every cache and slab of the pool).
-    fn refill(&'static self, ci: usize) -> Result<Slot> {
-        self.decay_if_due();
-        let extra = if tcache::ensure(self) {
-            tcache::fill(self, ci)
-        } else {
-            0
-        };
-        // A scratch vector kept per thread: no heap allocation per refill (device pools, which
-        // have no thread cache, refill on every small allocation).
-        let mut got = SCRATCH
-            .try_with(|v| std::mem::take(&mut *v.borrow_mut()))
-            .unwrap_or_default();
-        got.clear();
-        got.reserve(1 + extra);
-        let hit = {
-            let mut st = lock(&self.classes[ci]);
-            self.take_slots(&mut st, 1 + extra, &mut got);
-            !got.is_empty()
-        };
-        if hit {
-            self.stats.hits.fetch_add(1, Ordering::Relaxed);
-        } else {
-            // Counts a hit (span reused) or a miss (chunk mapped) for this allocation.
-            let span = self.take_span(self.table.slab_bytes[ci], span::SPAN_SLAB)?;
-            let mut st = lock(&self.classes[ci]);
-            self.install_slab(&mut st, ci, span);
-            self.take_slots(&mut st, 1 + extra, &mut got);
-        }
-        self.stats.allocs.fetch_add(1, Ordering::Relaxed);
-        let one = got.pop().expect("a new slab has free slots");
-        if !got.is_empty() {
-            let rest = tcache::stash(self, ci, got);
-            if !rest.is_empty() {
-                self.return_slots(ci, rest);
-            }
-        } else {
-            let _ = SCRATCH.try_with(|v| *v.borrow_mut() = got);
-        }
-        Ok(one)
-    }
-
-    fn take_slots(&'static self, st: &mut ClassState, want: usize, out: &mut Vec<Slot>) {
+    pub(super) fn take_slots(&'static self, st: &mut ClassState, want: usize, out: &mut Vec<Slot>) {
         let revived = st.take(want, out);
         if revived > 0 {
             self.kept_slabs.fetch_sub(revived, Ordering::Relaxed);
@@ -381,7 +288,7 @@ impl Pool {
     }
 
     /// Make `span` (state SLAB, from `take_span`) a slab of class `ci`, with every slot free.
-    fn install_slab(&'static self, st: &mut ClassState, ci: usize, span: &'static Span) {
+    pub(super) fn install_slab(&'static self, st: &mut ClassState, ci: usize, span: &'static Span) {
         let slot = self.table.sizes[ci];
         let bytes = self.table.slab_bytes[ci];
         let nslots = bytes / slot;
@@ -400,7 +307,7 @@ impl Pool {
                     span: AtomicUsize::new(0),
                     magic: (u64::MAX / slot as u64) + 1,
                     words: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
-                    born: AtomicU64::new(super::hold::NEVER),
+                    born: AtomicU64::new(super::span::NEVER),
                     live: AtomicU32::new(0),
                 }));
                 st.slabs.push(SlabState {
@@ -427,188 +334,6 @@ impl Pool {
         st.push_partial(id);
         // The span's range was reserved when its chunk was mapped.
         registry::set_range(start, bytes, desc as *const Slab as usize | TAG_SLAB);
-    }
-
-    /// Free the small block at `ptr` of slab `s` (found through the registry, no lock held),
-    /// counted out of use. Returns its requested size.
-    #[inline]
-    pub(super) fn free_small(&'static self, s: &'static Slab, ptr: usize) -> Result<usize> {
-        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
-        if off >= s.bytes() {
-            // The descriptor moved on to another range since the registry was read.
-            return Err(Error::not_ours(format!("{ptr:#x} is not a live block")));
-        }
-        let idx = s.slot_of(off);
-        if idx * s.slot != off {
-            return Err(Error::not_ours(format!(
-                "{ptr:#x} points inside a block, not at its start"
-            )));
-        }
-        let w = s.words[idx].swap(0, Ordering::AcqRel);
-        if w == 0 {
-            return Err(double_free(ptr));
-        }
-        let n = w as usize - 1;
-        let live = crate::backing::shared::live_max();
-        if live != 0 && s.born.load(Ordering::Relaxed) < live {
-            // A fork child may still read it.
-            return self.hold_slot(s, idx as u32, n);
-        }
-        let dead = s.on_freed();
-        if self.is_stream_ordered() && self.put_hot(s.class, s, idx as u32) {
-            self.stats.frees.fetch_add(1, Ordering::Relaxed);
-            self.stats.sub_in_use(n);
-            return Ok(n);
-        }
-        if dead && self.over_retain() {
-            // The slab's last live block, in a pool above its retain bound: the slot, and
-            // this thread's cached slots of the slab, go back to it, so that it can go back
-            // to the spans and its chunk to the OS instead of being pinned by a cache.
-            self.free_to_slab(s, idx as u32, n);
-            return Ok(n);
-        }
-        if !tcache::push(self, s.class, (s, idx as u32), n) {
-            self.return_freed(s, idx as u32, n);
-        }
-        Ok(n)
-    }
-
-    /// The free fast path (`pool::free_cached`): free the small block at `ptr` of slab `s`
-    /// into this thread's cache, which must be this (host) pool's. None: not handled, nothing
-    /// changed (no cache of this pool here, or `ptr` is not a slot's start: the full path
-    /// says why); else the result of the free, as `free_small` gives it.
-    #[inline(always)]
-    pub(super) fn free_cached(
-        &'static self,
-        s: &'static Slab,
-        ptr: usize,
-    ) -> Option<Result<usize>> {
-        // While a fork child may read this process's shared pages, a freed slot may have to
-        // be held back for it (`free_small` decides): not this path's business.
-        if crate::backing::shared::live_max() != 0 {
-            return None;
-        }
-        let c = tcache::mine(self)?;
-        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
-        if off >= s.bytes() {
-            return None;
-        }
-        let idx = s.slot_of(off);
-        if idx * s.slot != off {
-            return None;
-        }
-        debug_assert!(idx < s.nslots);
-        // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
-        let w = unsafe { s.words.get_unchecked(idx) }.swap(0, Ordering::AcqRel);
-        if w == 0 {
-            return Some(Err(double_free(ptr)));
-        }
-        let n = w as usize - 1;
-        if s.on_freed() && self.over_retain() {
-            self.free_to_slab(s, idx as u32, n);
-        } else if !tcache::push_to(c, self, s.class, (s, idx as u32), n) {
-            self.return_freed(s, idx as u32, n);
-        }
-        Some(Ok(n))
-    }
-
-    /// The realloc fast path (`pool::resize_cached`): the live small block at `ptr` of slab
-    /// `s` takes `n` bytes in place when `n` falls in its class, counted in this thread's
-    /// cache, which must be this (host) pool's. None: not handled, nothing changed.
-    #[inline(always)]
-    pub(super) fn resize_cached(
-        &'static self,
-        s: &'static Slab,
-        ptr: usize,
-        n: usize,
-    ) -> Option<usize> {
-        let c = tcache::mine(self)?;
-        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
-        if n > SMALL_MAX || off >= s.bytes() || self.table.class_of(n) != s.class {
-            return None;
-        }
-        let idx = s.slot_of(off);
-        if idx * s.slot != off {
-            return None;
-        }
-        debug_assert!(idx < s.nslots);
-        // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
-        let w = unsafe { s.words.get_unchecked(idx) };
-        let old = w.load(Ordering::Acquire);
-        if old == 0 {
-            return None;
-        }
-        w.store(n as u32 + 1, Ordering::Release);
-        if !tcache::note_resize(c, old as usize - 1, n) {
-            self.stats.on_resize(old as usize - 1, n);
-            self.stats.reallocs_in_place.fetch_add(1, Ordering::Relaxed);
-        }
-        Some(ptr)
-    }
-
-    /// A freed slot that no thread cache takes goes back to its slab, counted as freed.
-    #[cold]
-    #[inline(never)]
-    fn return_freed(&'static self, s: &'static Slab, idx: u32, n: usize) {
-        self.return_slots(s.class, std::iter::once((s, idx)));
-        self.stats.frees.fetch_add(1, Ordering::Relaxed);
-        self.stats.sub_in_use(n);
-    }
-
-    /// `free_small`'s slow path: slot `idx` of `s` (freed, counted out of its live blocks),
-    /// with this thread's cached slots of `s`, goes back to its slab.
-    #[cold]
-    #[inline(never)]
-    fn free_to_slab(&'static self, s: &'static Slab, idx: u32, n: usize) {
-        let mut slots = tcache::take_slab(self, s.class, s);
-        slots.push((s, idx));
-        self.return_slots(s.class, slots);
-        self.stats.frees.fetch_add(1, Ordering::Relaxed);
-        self.stats.sub_in_use(n);
-        if self.over_retain() {
-            self.release_pinning();
-        }
-    }
-
-    /// Take the hot slot of class `ci` (stream-ordered pools), if there is one. The slot
-    /// stayed out of its slab while it was hot, so it is handed out with no lock.
-    #[inline]
-    fn take_hot(&'static self, ci: usize) -> Option<Slot> {
-        let v = self.hot[ci].swap(0, Ordering::Acquire);
-        (v != 0).then(|| unpack_hot(v))
-    }
-
-    /// Make a freed slot the hot one of its class if the cell is empty. Returns false when
-    /// another slot is hot already (the caller returns this one to its slab).
-    #[inline]
-    fn put_hot(&'static self, ci: usize, slab: &'static Slab, idx: u32) -> bool {
-        let addr = slab as *const Slab as usize;
-        if addr >> HOT_IDX_SHIFT != 0 || self.is_retired() {
-            // An address this packing cannot hold, or a retired stream's pool (whose slabs
-            // must fall empty so that the pool is recycled): the slot goes back to its slab.
-            return false;
-        }
-        let v = addr | (idx as usize) << HOT_IDX_SHIFT;
-        self.hot[ci]
-            .compare_exchange(0, v, Ordering::Release, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// Return every hot slot to its slab (trim, retire, statistics need them there).
-    pub(super) fn drain_hot(&'static self) {
-        for ci in 0..self.hot.len() {
-            if let Some(slot) = self.take_hot(ci) {
-                self.return_slots(ci, std::iter::once(slot));
-            }
-        }
-    }
-
-    /// Bytes of the hot slots.
-    pub(super) fn hot_bytes(&self) -> usize {
-        (0..self.hot.len())
-            .filter(|&ci| self.hot[ci].load(Ordering::Relaxed) != 0)
-            .map(|ci| self.table.sizes[ci])
-            .sum()
     }
 
     /// Return free slots to their slabs; slabs that become wholly free are kept (one per

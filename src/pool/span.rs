@@ -6,7 +6,6 @@
 //! `release_slab_span`. A free that reaches a span therefore sees a consistent state: only a
 //! `SPAN_USED` span whose start is the pointer is freed, exactly once.
 
-use super::commit::Lazy;
 use super::*;
 use crate::backing::HUGEPAGE_MIN;
 use std::collections::{BTreeMap, VecDeque};
@@ -22,6 +21,10 @@ pub(super) const SPAN_CACHED: u8 = 3;
 const SPAN_TAKING: u8 = 4;
 /// Freed, but held back while a fork child may still read it (see `hold`).
 pub(super) const SPAN_HELD: u8 = 5;
+
+/// The generation of memory that is never shared with fork children (never held): the
+/// `born` stamp of spans and slabs in pools whose pages fork copies (see `hold`).
+pub(super) const NEVER: u64 = u64::MAX;
 
 /// Freed spans kept whole for reuse by a request of exactly their length (PyTorch's and
 /// CuPy's common case: the same shapes every iteration). Bounded; the oldest is merged into
@@ -106,6 +109,36 @@ impl Fit {
             head: false,
             need: None,
         }
+    }
+}
+
+/// The books of a lazily committed pool (under its large lock), kept by `commit`.
+#[derive(Default)]
+pub(crate) struct Lazy {
+    /// Bytes committed in this pool's chunks.
+    pub(super) committed: usize,
+    /// Bytes of spans handed out or cut into slabs (all committed).
+    pub(super) used: usize,
+    /// The current epoch: spans freed now are stamped with it.
+    pub(super) epoch: u64,
+    /// Fences recorded on the pool's stream, oldest first: (epoch closed, event).
+    pub(super) fences: VecDeque<(u64, cuda::Event)>,
+    /// Every epoch below this is over on the device.
+    pub(super) safe: u64,
+    /// Free spans that may hold committed pages, oldest first, by start. Entries go stale
+    /// when spans merge or are reused; they are checked when read.
+    pub(super) queue: VecDeque<usize>,
+    /// Most bytes of `used` in the current window and in the one before.
+    pub(super) window_peak: usize,
+    pub(super) last_window_peak: usize,
+    /// When the current window began (`epoch_ms`; 0: not yet).
+    pub(super) window_start: u64,
+}
+
+impl Lazy {
+    /// The epoch frees are stamped with now.
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch
     }
 }
 
@@ -561,7 +594,7 @@ impl Pool {
                 dirty: AtomicBool::new(false),
                 free_epoch: AtomicU64::new(0),
                 away: AtomicBool::new(false),
-                born: AtomicU64::new(super::hold::NEVER),
+                born: AtomicU64::new(NEVER),
             }))
         });
         sp.state.store(SPAN_FREE, Ordering::Release);

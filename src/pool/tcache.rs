@@ -19,7 +19,7 @@
 //! until it clears `req`. Reclaimers are serialised by the list's lock.
 
 use super::Pool;
-use super::slab::Slab;
+use super::slab::{Slab, Slot};
 use crate::prim::fork::lock;
 use crate::prim::os;
 use std::cell::{Cell, UnsafeCell};
@@ -38,9 +38,6 @@ const COUNT_FLUSH: u64 = 256;
 /// cached alloc+free costs no atomic read-modify-write on shared statistics). The host side's
 /// `in_use` and its peak lag by less than this per thread; `ump_stats` flushes the caller's.
 const IN_USE_FLUSH: isize = 256 << 10;
-
-/// A free slot: its slab and index.
-pub(super) type Slot = (&'static Slab, u32);
 
 /// The cached slots of one class.
 struct Bin {
