@@ -10,13 +10,19 @@ Parts (``--parts``):
   after the fork, the time of its first read of the whole array and its ``Private_Dirty``
   after that. Also the NumPy speed on the memory (``a *= 3`` and ``a.sum()``, one pass each).
   Goals: child private dirty <= 64 MiB whatever the size; fork <= 10 ms + 5 ms per GiB.
+- ``numpy``: NumPy's speed on the memory itself, with no fork: a float64 array of each size
+  (``--gib``), filled, then ``--passes`` passes each of ``a *= 3`` and ``a.sum()``; ``--reps``
+  fresh interpreters per variant, the variants interleaved (plain, share, copy, plain, ...) so
+  that machine drift spreads over all of them. Reports the median pass over all processes and
+  the ratio to ``copy`` (the pinned memory before issue 20) and to ``plain``. Goal: ``share``
+  as fast as ``copy``.
 - ``pool``: ``multiprocessing.Pool(8)`` (fork) mapping over a 4 GiB float32 array made in the
   parent (64 tasks, each sums its slice): wall time of pool + map + join, and the peak of the
   machine's used memory (MemTotal - MemAvailable, sampled every 5 ms by a separate process)
   above what was used before the array was made.
 
-    python benches/fork_bench.py [--parts fork,pool] [--gib 0.5,2,8,16] [--variants plain,share,copy]
-        [--reps 3] [--json out.json]
+    python benches/fork_bench.py [--parts fork,pool,numpy] [--gib 0.5,2,8,16] [--variants plain,share,copy]
+        [--reps 3] [--passes 10] [--json out.json]
 
 Needs a GPU for ``share`` and ``copy`` (pinned memory); without one it says so and exits.
 """
@@ -78,6 +84,25 @@ for _ in range(reps):
                   "child_dirty_after_read_mib": d1, "child_read_right": ok})
 print(json.dumps({"kind": kind, "fork_shared": rule, "make_s": make_s, "mul_s": mul_s,
                   "sum_s": sum_s, "forks": forks}))
+'''
+
+NUMPY_WORKER = r'''
+import json, sys, time
+import numpy as np
+
+gib, passes = float(sys.argv[1]), int(sys.argv[2])
+n = int(gib * 2**30) // 8
+a = np.empty(n, np.float64)
+a.fill(1.0)
+kind = "plain"
+if "ump_alloc" in sys.modules:
+    import ump_alloc
+    kind = ump_alloc.identify(a).kind
+mul, tot = [], []
+for _ in range(passes):
+    t = time.perf_counter(); a *= 3; mul.append(time.perf_counter() - t)
+    t = time.perf_counter(); float(a.sum()); tot.append(time.perf_counter() - t)
+print(json.dumps({"kind": kind, "mul_s": mul, "sum_s": tot}))
 '''
 
 POOL_WORKER = r'''
@@ -161,6 +186,37 @@ def fork_part(variants, sizes, reps):
     return rows
 
 
+def numpy_part(variants, sizes, reps, passes):
+    """NumPy passes over each variant's memory, ``reps`` processes per variant, interleaved."""
+    rows = []
+    for gib in sizes:
+        got = {v: {"mul_s": [], "sum_s": [], "kind": "?"} for v in variants}
+        for rep in range(reps):
+            for v in variants:
+                print(f"numpy: {v} {gib} GiB, process {rep + 1}/{reps} ...", file=sys.stderr, flush=True)
+                r = subprocess.run([sys.executable, "-c", NUMPY_WORKER, str(gib), str(passes)], env=_env(v),
+                                   capture_output=True, text=True, timeout=1800)
+                if r.returncode != 0:
+                    got[v]["error"] = r.stderr[-2000:]
+                    continue
+                out = json.loads(r.stdout.strip().splitlines()[-1])
+                got[v]["kind"] = out["kind"]
+                got[v]["mul_s"] += out["mul_s"]
+                got[v]["sum_s"] += out["sum_s"]
+        for v in variants:
+            g = got[v]
+            row = {"variant": v, "gib": gib, "kind": g["kind"], "passes": len(g["mul_s"])}
+            if "error" in g or not g["mul_s"]:
+                row["error"] = g.get("error", "no pass ran")
+            else:
+                row["mul_median_s"] = sorted(g["mul_s"])[len(g["mul_s"]) // 2]
+                row["sum_median_s"] = sorted(g["sum_s"])[len(g["sum_s"]) // 2]
+                row["mul_range_s"] = [min(g["mul_s"]), max(g["mul_s"])]
+                row["sum_range_s"] = [min(g["sum_s"]), max(g["sum_s"])]
+            rows.append(row)
+    return rows
+
+
 def pool_part(variants):
     rows = []
     for v in variants:
@@ -188,6 +244,7 @@ def main() -> int:
     ap.add_argument("--gib", default="0.5,2,8,16")
     ap.add_argument("--variants", default="plain,share,copy")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=10, help="NumPy passes per process (part numpy)")
     ap.add_argument("--json")
     args = ap.parse_args()
     from _benchutil import gpu_or_skip
@@ -213,6 +270,22 @@ def main() -> int:
                   f"{each('child_dirty_mib', '.0f'):<18} {each('child_read_s', '.2f'):<13} "
                   f"{each('child_dirty_after_read_mib', '.0f'):<17} {row['mul_s']:>7.3f} {row['sum_s']:>6.3f}"
                   + ("" if all(x["child_read_right"] for x in f) else "  CHILD READ WRONG DATA"))
+    if "numpy" in parts:
+        sizes = [float(x) for x in args.gib.split(",")]
+        result["numpy"] = rows = numpy_part(variants, sizes, args.reps, args.passes)
+        print(f"\nNumPy on the memory, no fork: median of {args.passes} passes x {args.reps} processes per variant "
+              "[fastest-slowest pass]")
+        for row in rows:
+            if "error" in row:
+                print(f"  {row['variant']:<6} {row['gib']:>5} GiB error: {row['error'][-300:]}")
+                continue
+            ref = {k: next((r for r in rows if r["variant"] == k and r["gib"] == row["gib"] and "error" not in r), None)
+                   for k in ("copy", "plain")}
+            rel = "".join(f"  {row['mul_median_s'] / r['mul_median_s']:.3f}x / {row['sum_median_s'] / r['sum_median_s']:.3f}x {k}"
+                          for k, r in ref.items() if r is not None and r is not row)
+            print(f"  {row['variant']:<6} {row['gib']:>5} GiB {row['kind']:<10} a*=3 {row['mul_median_s']:.3f} s "
+                  f"[{row['mul_range_s'][0]:.3f}-{row['mul_range_s'][1]:.3f}]  sum {row['sum_median_s']:.3f} s "
+                  f"[{row['sum_range_s'][0]:.3f}-{row['sum_range_s'][1]:.3f}]{rel}")
     if "pool" in parts:
         result["pool"] = pool_part(variants)
         print("\nmultiprocessing.Pool(8), fork, over a 4 GiB array made in the parent:")
