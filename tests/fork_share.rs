@@ -551,3 +551,60 @@ fn forty_children_and_a_churning_parent_leave_nothing_behind() {
     assert!(p.release_held(true) > 0 || held(p) == (0, 0));
     finish(&h, &data);
 }
+
+/// The kernel's setting for huge pages of shared memory (`never`, `advise`, ...), the bracketed
+/// word of `/sys/kernel/mm/transparent_hugepage/shmem_enabled`; None where it cannot be read.
+fn shmem_thp_setting() -> Option<String> {
+    let s = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").ok()?;
+    let start = s.find('[')? + 1;
+    let end = start + s[start..].find(']')?;
+    Some(s[start..end].to_string())
+}
+
+/// Bytes of shared memory this process maps with huge (PMD) pages.
+fn shmem_pmd_mapped() -> usize {
+    let s = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("ShmemPmdMapped:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[test]
+fn shared_pages_are_huge_where_the_kernel_allows_it() {
+    // `advise` is the setting the chunk's MADV_HUGEPAGE answers to (`always` and `within_size`
+    // give huge pages without it); at `never` and `deny` no shared page is huge, whatever is
+    // asked, so there is nothing to check.
+    let setting = shmem_thp_setting();
+    if !matches!(
+        setting.as_deref(),
+        Some("advise" | "always" | "within_size" | "force")
+    ) {
+        eprintln!("skipped: shmem_enabled is {setting:?}: the kernel makes no huge shared pages");
+        return;
+    }
+    let _s = serial();
+    let h = host(true);
+    let before = shmem_pmd_mapped();
+    let big = h.alloc(40 * MIB).unwrap().ptr; // a chunk of its own
+    fill(big, 40 * MIB, 11);
+    let huge = shmem_pmd_mapped().saturating_sub(before);
+    assert!(
+        huge >= 32 * MIB,
+        "shmem_enabled is {setting:?}, yet only {} MiB of a 40 MiB block of shared pages are \
+         huge pages",
+        huge / MIB
+    );
+    // A fork child still reads them right and its writes stay its own.
+    let child = fork_child(|| {
+        let ok = holds(big, 40 * MIB, 11);
+        fill(big, MIB, 12);
+        ok && holds(big, MIB, 12)
+    });
+    assert_eq!(wait(child), 0, "the child read wrong data from huge pages");
+    assert!(
+        holds(big, 40 * MIB, 11),
+        "the child's writes reached the parent"
+    );
+    finish(&h, &[big]);
+}
