@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- check machinery (as in test_ump.c) ---------------------------------------------------- */
+/* ---- check machinery ------------------------------------------------------------------ */
 
 static atomic_ulong g_pass;
 static atomic_ulong g_fail;
@@ -62,9 +62,11 @@ static inline int identify(const void *p, struct ump_identity *id) {
 }
 
 static inline void stats_now(struct ump_stats *st) {
-    memset(st, 0, sizeof *st);
+    memset(st, 0xAB, sizeof *st); /* poison: every field must be written */
     st->size = (uint32_t)sizeof *st;
     CHECK(ump_stats(st) == UMP_OK, "ump_stats failed: %s", last_err_or("?"));
+    CHECK(st->size == sizeof *st && st->version == UMP_STATS_VERSION,
+          "ump_stats: size %u version %u", st->size, st->version);
 }
 
 static inline double now_s(void) {

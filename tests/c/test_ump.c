@@ -13,54 +13,18 @@
  * Prints exactly one summary line "C ABI: N passed, M failed"; exits non-zero if M > 0.
  */
 
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE
 
-#include "ump_alloc.h"
-
-#include <errno.h>
-#include <inttypes.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-/* ---- check machinery ------------------------------------------------------------------ */
-
-static atomic_ulong g_pass;
-static atomic_ulong g_fail;
-
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (cond) {                                                        \
-            atomic_fetch_add(&g_pass, 1);                                  \
-        } else {                                                           \
-            atomic_fetch_add(&g_fail, 1);                                  \
-            fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);          \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fputc('\n', stderr);                                           \
-        }                                                                  \
-    } while (0)
-
-#define MiB ((size_t)1024 * 1024)
+/* The check machinery (CHECK, the pass/fail counts), sizes, patterns and the small helpers
+ * (last_err_or, is_aligned, identify, stats_now, xorshift) shared with the other C tests. */
+#include "harness.h"
 
 static size_t g_align = 512; /* expected alignment: UMP_ALLOC_ALIGNMENT or 512 */
 static int g_quick = 0;
 
-static const char *last_err_or(const char *dflt) {
-    const char *e = ump_last_error();
-    return e ? e : dflt;
-}
-
 static int last_err_contains(const char *needle) {
     const char *e = ump_last_error();
     return e != NULL && strstr(e, needle) != NULL;
-}
-
-static int is_aligned(const void *p, size_t a) {
-    return a != 0 && ((uintptr_t)p % a) == 0;
 }
 
 /* The alignment a host block of n bytes must have, by the documented rule, checked against
@@ -75,14 +39,6 @@ static size_t want_align(size_t n) {
     return a;
 }
 
-/* ---- patterns ------------------------------------------------------------------------- */
-
-#include "patterns.h"
-
-/* Fill [p, p+n) with a pattern that depends on `seed` and on the offset. */
-
-/* Offset of the first byte that differs from the pattern, or SIZE_MAX when all match. */
-
 /* Offset of the first byte that is not `v`, or SIZE_MAX. */
 static size_t first_not(const void *p, size_t n, unsigned char v) {
     const unsigned char *b = (const unsigned char *)p;
@@ -91,12 +47,6 @@ static size_t first_not(const void *p, size_t n, unsigned char v) {
         if (b[i] != v) return i;
     }
     return SIZE_MAX;
-}
-
-static int identify(const void *p, struct ump_identity *id) {
-    memset(id, 0, sizeof *id);
-    id->size = (uint32_t)sizeof(struct ump_identity);
-    return ump_identify(p, id);
 }
 
 /* ---- 1. ump_malloc -------------------------------------------------------------------- */
@@ -1345,14 +1295,6 @@ struct live_block {
     uint64_t seed;
 };
 
-static uint64_t xorshift(uint64_t *s) {
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
-
 static unsigned char tag_byte(int tid, uint64_t seed, size_t off) {
     return (unsigned char)((unsigned)tid * 16u + 1u + (unsigned)((seed + off * 7u) & 0xFF));
 }
@@ -1739,14 +1681,6 @@ static void test_bad_config(void) {
 }
 
 /* ---- main ----------------------------------------------------------------------------- */
-
-static void stats_now(struct ump_stats *st) {
-    memset(st, 0xAB, sizeof *st); /* poison: every field must be written */
-    st->size = sizeof *st;
-    CHECK(ump_stats(st) == UMP_OK, "ump_stats failed: %s", last_err_or("?"));
-    CHECK(st->size == sizeof *st && st->version == UMP_STATS_VERSION,
-          "ump_stats: size %u version %u", st->size, st->version);
-}
 
 /* 5 (issue 5): statistics, scopes. */
 static void test_stats_and_scopes(void) {
