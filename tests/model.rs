@@ -409,13 +409,7 @@ impl Backing for RoomBacking {
                 0
             );
         }
-        Ok(Chunk {
-            base,
-            size,
-            raw: base,
-            raw_size,
-            advised: false,
-        })
+        Ok(Chunk::mapped(base, size, raw_size))
     }
     unsafe fn unmap(&self, c: &Chunk) {
         // SAFETY: the reservation of `map`, unused (the caller's contract).

@@ -71,6 +71,20 @@ pub struct Chunk {
     pub advised: bool,
 }
 
+impl Chunk {
+    /// A chunk of `size` bytes at the start of a mapping of `raw_size` bytes at `base`, not
+    /// advised yet: what a backing's `map` hands out when nothing is cut off for alignment.
+    pub fn mapped(base: usize, size: usize, raw_size: usize) -> Chunk {
+        Chunk {
+            base,
+            size,
+            raw: base,
+            raw_size,
+            advised: false,
+        }
+    }
+}
+
 /// The pool's side of a chunk that changes size ([`Backing::grow`], [`Backing::shrink`]): its
 /// registry entries, which must never name a range the OS has not granted, nor outlive one the
 /// OS took back (another pool may map it at once and register its own blocks there).
@@ -241,13 +255,7 @@ impl Backing for HostBacking {
         let p = os::map_aligned(size, GRANULE)
             .ok_or_else(|| Error::oom(format!("the OS refused a mapping of {size} bytes")))?;
         let base = p.as_ptr() as usize;
-        Ok(Chunk {
-            base,
-            size,
-            raw: base,
-            raw_size: size,
-            advised: false,
-        })
+        Ok(Chunk::mapped(base, size, size))
     }
     unsafe fn unmap(&self, chunk: &Chunk) {
         if let Some(p) = NonNull::new(chunk.raw as *mut u8) {
@@ -341,13 +349,7 @@ fn aligned_driver_chunk(
 ) -> Result<Chunk> {
     let raw = alloc(size)?;
     if raw % GRANULE == 0 {
-        return Ok(Chunk {
-            base: raw,
-            size,
-            raw,
-            raw_size: size,
-            advised: false,
-        });
+        return Ok(Chunk::mapped(raw, size, size));
     }
     free(raw);
     let raw_size = size + GRANULE;

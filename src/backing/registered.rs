@@ -166,13 +166,7 @@ impl Backing for RegisteredBacking {
             }
             return Err(e);
         }
-        Ok(Chunk {
-            base,
-            size,
-            raw: base,
-            raw_size,
-            advised: false,
-        })
+        Ok(Chunk::mapped(base, size, raw_size))
     }
     unsafe fn unmap(&self, chunk: &Chunk) {
         // SAFETY: forwarded from the caller's contract; registered in `map`. In a fork()

@@ -454,13 +454,7 @@ impl Backing for VmmBacking {
     fn map(&self, size: usize) -> Result<Chunk> {
         let raw_size = size.next_multiple_of(self.space.page);
         let base = self.space.take_range(raw_size)?;
-        Ok(Chunk {
-            base,
-            size,
-            raw: base,
-            raw_size,
-            advised: false,
-        })
+        Ok(Chunk::mapped(base, size, raw_size))
     }
     unsafe fn unmap(&self, chunk: &Chunk) {
         // SAFETY: forwarded from the caller's contract (the chunk is wholly free and unused).

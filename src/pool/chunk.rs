@@ -159,13 +159,10 @@ impl Pool {
         registry::set_range(start, len, 0);
         sp.len.store(0, Ordering::Release);
         lg.spare.push(sp);
-        let chunk = lg.chunks.remove(&start).unwrap_or(Chunk {
-            base: start,
-            size: len,
-            raw: start,
-            raw_size: len,
-            advised: false,
-        });
+        let chunk = lg
+            .chunks
+            .remove(&start)
+            .unwrap_or(Chunk::mapped(start, len, len));
         if self.lazy() {
             lg.lazy.committed -= self.backing.physical(&chunk);
         }

@@ -183,13 +183,7 @@ impl Backing for Squat {
         };
         if p as usize == hint && hint != 0 {
             self.squatted.fetch_add(1, Ordering::Relaxed);
-            return Ok(Chunk {
-                base: hint,
-                size,
-                raw: hint,
-                raw_size: size,
-                advised: false,
-            });
+            return Ok(Chunk::mapped(hint, size, size));
         }
         if p != libc::MAP_FAILED {
             // SAFETY: mapped just now, elsewhere (an old kernel took the flag as a hint).

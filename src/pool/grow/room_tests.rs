@@ -21,13 +21,7 @@ impl Backing for Room {
         let p = os::reserve(raw_size, GRANULE).unwrap().as_ptr();
         assert!(os::commit(p, size));
         let base = p as usize;
-        Ok(Chunk {
-            base,
-            size,
-            raw: base,
-            raw_size,
-            advised: false,
-        })
+        Ok(Chunk::mapped(base, size, raw_size))
     }
     unsafe fn unmap(&self, c: &Chunk) {
         // SAFETY: ours, unused.
