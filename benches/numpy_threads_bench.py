@@ -70,8 +70,9 @@ def run(mech: str, n: int, python: list) -> dict:
     args = list(python)
     if mech == "inherit":
         args += ["-X", "thread_inherit_context=1"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
-    env["UMP_ALLOC_NO_CUDA"] = os.environ.get("UMP_ALLOC_NO_CUDA", "0")
+    from _benchutil import ump_env
+
+    env = ump_env({"UMP_ALLOC_NO_CUDA": os.environ.get("UMP_ALLOC_NO_CUDA", "0")})
     r = subprocess.run(args + ["-c", WORKER, mech, str(n)], capture_output=True, text=True, env=env, check=True)
     return json.loads(r.stdout)
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 
@@ -119,7 +118,9 @@ def run(config: str, lib: str, mib: int, iters: int, passes: int = 1, program: s
     `program`: one of PROGRAMS; `read`: "strided" (one element per 4 KiB page) or "full"."""
     if program not in PROGRAMS:
         raise ValueError(f"program must be one of {PROGRAMS}, not {program!r}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
+    from _benchutil import ump_env
+
+    env = ump_env({})
     mode, *settings = config.split("+")
     if mode != "default":
         env["UMP_ALLOC"] = "1"

@@ -78,10 +78,9 @@ def loops(gib: float, rounds: int) -> dict:
 
 
 def run_in_child(ump: bool, gib: float, rounds: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
-    if ump:
-        env["UMP_ALLOC"] = "1"
-        env["BENCH_UMP"] = "1"
+    from _benchutil import ump_env
+
+    env = ump_env({"UMP_ALLOC": "1", "BENCH_UMP": "1"} if ump else {})
     r = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--run", "--gib", str(gib), "--rounds", str(rounds)],
         env=env, capture_output=True, text=True, timeout=900,

@@ -121,8 +121,9 @@ def run_one(model: str) -> dict:
 
 
 def run_in_child(model: str, config: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
-    env.update(CONFIGS[config])
+    from _benchutil import ump_env
+
+    env = ump_env(CONFIGS[config])
     r = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--run", model, "--config", config],
         env=env,

@@ -84,11 +84,12 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001
         print(f"skipped: no PyTorch GPU ({e})")
         return 0
+    from _benchutil import ump_env
+
     results: dict = {c: [] for c in CONFIGS}
     for r in range(args.rounds):
         for c, extra in CONFIGS.items():
-            env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
-            env.update(extra)
+            env = ump_env(extra)
             res = subprocess.run([sys.executable, "-c", WORKER, str(args.gib), str(args.steps)], capture_output=True, text=True, env=env)
             if res.returncode != 0:
                 print(f"{c}: failed\n{res.stderr[-2000:]}")

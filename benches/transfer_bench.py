@@ -47,7 +47,9 @@ GOAL_OVER_PLAIN = {"cupy": 2.4, "torch": 4.5}
 
 
 def _env():
-    return {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
+    from _benchutil import ump_env
+
+    return ump_env({})
 
 
 def pipeline(repeat: int, mib: int, iters: int, read: str) -> dict:
