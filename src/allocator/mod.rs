@@ -230,17 +230,12 @@ pub fn fork_rule() -> Option<(bool, String)> {
     if let Some(a) = get() {
         return Some(a.host().fork_rule());
     }
-    let cfg = env_config().ok()?;
-    let side = caps()
-        .select_sides(cfg.mode, cfg.host_side, cfg.device_side)
-        .ok()?
-        .sides
-        .host;
-    let share = match cfg.pinned_fork {
-        config::PinnedFork::Share => crate::backing::shared::available(),
-        config::PinnedFork::Copy => Err("UMP_ALLOC_PINNED_FORK=copy".into()),
-    };
-    Some(crate::host::fork_rule(side, &share))
+    let side = selection().ok()?.sides.host;
+    let share = env_config().ok()?.pinned_fork == config::PinnedFork::Share;
+    Some(crate::host::fork_rule(
+        side,
+        &RegisteredBacking::host_share(share),
+    ))
 }
 
 /// Request a mode before the first allocation. Afterwards only the mode in force is accepted.

@@ -59,17 +59,23 @@ impl RegisteredBacking {
     /// The host side's pinned pages: shared-file pages when `share` and the machine allows
     /// it, else anonymous ones, with the reason.
     pub fn host(share: bool) -> (Self, std::result::Result<(), String>) {
-        let why = if share {
-            super::shared::available()
-        } else {
-            Err("UMP_ALLOC_PINNED_FORK=copy".into())
-        };
+        let why = Self::host_share(share);
         let b = RegisteredBacking {
             device: -1,
             shared: why.is_ok(),
             register: true,
         };
         (b, why)
+    }
+
+    /// Whether [`host`](Self::host)`(share)` makes shared-file pages: Ok, or why not (the
+    /// setting, or what the machine lacks).
+    pub fn host_share(share: bool) -> std::result::Result<(), String> {
+        if share {
+            super::shared::available()
+        } else {
+            Err("UMP_ALLOC_PINNED_FORK=copy".into())
+        }
     }
 
     /// Host-side pages as [`host`](Self::host) makes them, without the CUDA registration: the
