@@ -29,13 +29,14 @@ pub enum Pointer {
 impl Pointer {
     /// Classify `ptr`: ours first, then the driver.
     pub fn of(ptr: usize) -> Pointer {
-        if let Some(info) = pool::lookup(ptr) {
-            return Pointer::Block(info);
+        // One registry lookup answers both: a live block, or pool memory outside one.
+        match pool::entry_at(ptr) {
+            Some(e) => match e.lookup(ptr) {
+                Some(info) => Pointer::Block(info),
+                None => Pointer::Pooled(e.pool()),
+            },
+            None => Pointer::foreign(ptr),
         }
-        if let Some(p) = pool::pool_at(ptr) {
-            return Pointer::Pooled(p);
-        }
-        Pointer::foreign(ptr)
     }
 
     /// What the driver knows of `ptr`, which is in no live block of ours. NULL is not asked
@@ -91,24 +92,23 @@ pub fn identify(ptr: usize) -> ump_identity {
     let mut id: ump_identity = unsafe { std::mem::zeroed() };
     id.version = UMP_IDENTITY_VERSION;
     id.device = -1;
+    // Memory of one of our pools, in a live block or not: the pool says what it is.
+    let of_pool = |id: &mut ump_identity, p: &Pool| {
+        let kind = p.kind();
+        id.kind = kind;
+        id.device = p.device();
+        id.host_accessible = kind.host_accessible();
+        id.device_accessible = allocator::get().is_some_and(|a| a.device_accessible(kind));
+    };
     match Pointer::of(ptr) {
         Pointer::Block(info) => {
-            let kind = info.pool.kind();
+            of_pool(&mut id, info.pool);
             id.ours = true;
-            id.kind = kind;
-            id.device = info.pool.device();
             id.base = info.base;
             id.block_size = info.size;
-            id.host_accessible = kind.host_accessible();
-            id.device_accessible = allocator::get().is_some_and(|a| a.device_accessible(kind));
         }
-        Pointer::Pooled(p) => {
-            // Memory we hold in cache but that is not a live block.
-            id.kind = p.kind();
-            id.device = p.device();
-            id.host_accessible = p.kind().host_accessible();
-            id.device_accessible = allocator::get().is_some_and(|a| a.device_accessible(p.kind()));
-        }
+        // Memory we hold in cache but that is not a live block.
+        Pointer::Pooled(p) => of_pool(&mut id, p),
         Pointer::Cuda(pi) => {
             id.kind = Kind::UMP_KIND_FOREIGN_CUDA;
             id.device = pi.device;

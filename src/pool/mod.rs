@@ -310,10 +310,7 @@ pub fn resize_cached(ptr: usize, n: usize) -> Option<usize> {
 
 /// The pool whose memory holds `addr` (live block or cached), if any. Lock-free.
 pub fn pool_at(addr: usize) -> Option<&'static Pool> {
-    match entry_at(addr)? {
-        Entry::Span(s) => Some(s.pool),
-        Entry::Slab(s) => Some(s.pool),
-    }
+    entry_at(addr).map(Entry::pool)
 }
 
 /// Find the live block containing `addr` (any pool). Lock-free.
