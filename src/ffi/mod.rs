@@ -89,6 +89,21 @@ pub(crate) fn status(name: &str, f: impl FnOnce() -> crate::error::Result<()>) -
     )
 }
 
+/// A path argument: NULL refused (`UMP_ERR_NULL`), not UTF-8 refused (`UMP_ERR_INVALID`),
+/// each naming the argument `what`.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string that outlives the returned one.
+pub(crate) unsafe fn path_arg<'a>(p: *const c_char, what: &str) -> crate::error::Result<&'a str> {
+    if p.is_null() {
+        return Err(Error::new(Status::UMP_ERR_NULL, format!("{what} is NULL")));
+    }
+    // SAFETY: a NUL-terminated string, per the caller's contract.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_str()
+        .map_err(|_| Error::invalid(format!("{what} is not UTF-8")))
+}
+
 // ---- versioned structs (mimalloc's pattern: `size` and `version` first) -------------------
 
 /// Copy `s` into `dst` as a NUL-terminated C string, cut to fit.

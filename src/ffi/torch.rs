@@ -16,13 +16,13 @@
 //!   (see `crate::prim::torch`). The same operations are exported for C as
 //!   `ump_torch_record_stream`, `ump_torch_empty_cache` and `ump_torch_set_memory_fraction`.
 
-use super::{guard, status};
+use super::{guard, path_arg, status};
 use crate::allocator;
-use crate::error::{self, Error, ErrorClass, Status};
+use crate::error::{self, Error, ErrorClass};
 use crate::prim::elf;
 use crate::prim::fork::lock;
 use crate::prim::torch as cxx;
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -157,13 +157,8 @@ pub unsafe extern "C" fn ump_torch_attach(
     oom_error: *mut c_int,
 ) -> c_int {
     status("ump_torch_attach", || {
-        if libtorch_cuda.is_null() {
-            return Err(Error::new(Status::UMP_ERR_NULL, "libtorch_cuda is NULL"));
-        }
-        // SAFETY: a NUL-terminated string, per the contract.
-        let path = unsafe { CStr::from_ptr(libtorch_cuda) }
-            .to_str()
-            .map_err(|_| Error::invalid("libtorch_cuda is not UTF-8"))?;
+        // SAFETY: NULL or a NUL-terminated string, per the contract.
+        let path = unsafe { path_arg(libtorch_cuda, "libtorch_cuda") }?;
         let hooks = cxx::Hooks {
             record_stream: hook_record_stream,
             reset: hook_reset,
@@ -277,13 +272,8 @@ unsafe extern "C" fn segment_free(ptr: *mut c_void) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> c_int {
     status("ump_torch_hook_segments", || {
-        if libc10_cuda.is_null() {
-            return Err(Error::new(Status::UMP_ERR_NULL, "libc10_cuda is NULL"));
-        }
-        // SAFETY: a NUL-terminated string, per the contract.
-        let path = unsafe { CStr::from_ptr(libc10_cuda) }
-            .to_str()
-            .map_err(|_| Error::invalid("libc10_cuda is not UTF-8"))?;
+        // SAFETY: NULL or a NUL-terminated string, per the contract.
+        let path = unsafe { path_arg(libc10_cuda, "libc10_cuda") }?;
         let mut slots = lock(&SLOTS);
         if slots.is_some() {
             return Ok(());
