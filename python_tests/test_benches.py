@@ -11,6 +11,7 @@ from conftest import GPU
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHES = sorted(f for f in os.listdir(os.path.join(ROOT, "benches")) if f.endswith(".py") and not f.startswith("_"))
 GPU_BENCHES = {
+    "asnumpy_parts_probe.py": ["--gib", "0.01", "--rounds", "1"],
     "churn_bench.py": [],
     "cupy_alloc_bench.py": ["--n", "10", "--rounds", "1"],
     "fragmentation_bench.py": ["--repeat", "1"],
