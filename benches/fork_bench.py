@@ -14,15 +14,16 @@ Parts (``--parts``):
   (``--gib``), filled, then ``--passes`` passes each of ``a *= 3`` and ``a.sum()``; ``--reps``
   fresh interpreters per variant, the variants interleaved (plain, share, copy, plain, ...) so
   that machine drift spreads over all of them. Reports the median pass over all processes and
-  the ratio to ``copy`` (the pinned memory before issue 20) and to ``plain``. Goal: ``share``
-  as fast as ``copy``.
+  the ratio to ``copy`` (the pinned memory before issue 20) and to ``plain``, and each process's
+  time to make the array (``np.empty`` + ``fill``: the pinned chunk is made, populated and
+  registered then). Goal: ``share`` as fast as ``copy``.
 - ``pool``: ``multiprocessing.Pool(8)`` (fork) mapping over a 4 GiB float32 array made in the
   parent (64 tasks, each sums its slice): wall time of pool + map + join, and the peak of the
   machine's used memory (MemTotal - MemAvailable, sampled every 5 ms by a separate process)
   above what was used before the array was made.
 
     python benches/fork_bench.py [--parts fork,pool,numpy] [--gib 0.5,2,8,16] [--variants plain,share,copy]
-        [--reps 3] [--passes 10] [--json out.json]
+        [--reps 3] [--passes 10] [--before OLD_LIB] [--json out.json]
 
 Needs a GPU for ``share`` and ``copy`` (pinned memory); without one it says so and exits.
 """
@@ -92,8 +93,10 @@ import numpy as np
 
 gib, passes = float(sys.argv[1]), int(sys.argv[2])
 n = int(gib * 2**30) // 8
+t = time.perf_counter()
 a = np.empty(n, np.float64)
 a.fill(1.0)
+make_s = time.perf_counter() - t
 kind = "plain"
 if "ump_alloc" in sys.modules:
     import ump_alloc
@@ -102,7 +105,7 @@ mul, tot = [], []
 for _ in range(passes):
     t = time.perf_counter(); a *= 3; mul.append(time.perf_counter() - t)
     t = time.perf_counter(); float(a.sum()); tot.append(time.perf_counter() - t)
-print(json.dumps({"kind": kind, "mul_s": mul, "sum_s": tot}))
+print(json.dumps({"kind": kind, "make_s": make_s, "mul_s": mul, "sum_s": tot}))
 '''
 
 POOL_WORKER = r'''
@@ -190,7 +193,7 @@ def numpy_part(variants, sizes, reps, passes):
     """NumPy passes over each variant's memory, ``reps`` processes per variant, interleaved."""
     rows = []
     for gib in sizes:
-        got = {v: {"mul_s": [], "sum_s": [], "kind": "?"} for v in variants}
+        got = {v: {"mul_s": [], "sum_s": [], "make_s": [], "kind": "?"} for v in variants}
         for rep in range(reps):
             for v in variants:
                 print(f"numpy: {v} {gib} GiB, process {rep + 1}/{reps} ...", file=sys.stderr, flush=True)
@@ -203,6 +206,7 @@ def numpy_part(variants, sizes, reps, passes):
                 got[v]["kind"] = out["kind"]
                 got[v]["mul_s"] += out["mul_s"]
                 got[v]["sum_s"] += out["sum_s"]
+                got[v]["make_s"].append(out["make_s"])
         for v in variants:
             g = got[v]
             row = {"variant": v, "gib": gib, "kind": g["kind"], "passes": len(g["mul_s"])}
@@ -213,6 +217,7 @@ def numpy_part(variants, sizes, reps, passes):
                 row["sum_median_s"] = sorted(g["sum_s"])[len(g["sum_s"]) // 2]
                 row["mul_range_s"] = [min(g["mul_s"]), max(g["mul_s"])]
                 row["sum_range_s"] = [min(g["sum_s"]), max(g["sum_s"])]
+                row["make_s"] = g["make_s"]
             rows.append(row)
     return rows
 
@@ -245,8 +250,12 @@ def main() -> int:
     ap.add_argument("--variants", default="plain,share,copy")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--passes", type=int, default=10, help="NumPy passes per process (part numpy)")
+    ap.add_argument("--before", metavar="LIB", help="adds variant 'before': 'share' with this libump_alloc.so "
+                    "(an earlier build, to compare side by side)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.before:
+        VARIANTS["before"] = {**VARIANTS["share"], "UMP_ALLOC_LIBRARY": os.path.abspath(args.before)}
     from _benchutil import gpu_or_skip
 
     gpu_or_skip()
@@ -285,7 +294,8 @@ def main() -> int:
                           for k, r in ref.items() if r is not None and r is not row)
             print(f"  {row['variant']:<6} {row['gib']:>5} GiB {row['kind']:<10} a*=3 {row['mul_median_s']:.3f} s "
                   f"[{row['mul_range_s'][0]:.3f}-{row['mul_range_s'][1]:.3f}]  sum {row['sum_median_s']:.3f} s "
-                  f"[{row['sum_range_s'][0]:.3f}-{row['sum_range_s'][1]:.3f}]{rel}")
+                  f"[{row['sum_range_s'][0]:.3f}-{row['sum_range_s'][1]:.3f}]{rel}  made in "
+                  + " ".join(f"{x:.2f}" for x in row["make_s"]) + " s")
     if "pool" in parts:
         result["pool"] = pool_part(variants)
         print("\nmultiprocessing.Pool(8), fork, over a 4 GiB array made in the parent:")

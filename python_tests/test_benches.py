@@ -16,6 +16,7 @@ GPU_BENCHES = {
     "cupy_alloc_bench.py": ["--n", "10", "--rounds", "1"],
     "fragmentation_bench.py": ["--repeat", "1"],
     "managed_residency_bench.py": ["--gib", "0.01", "--rounds", "1"],
+    "host_pages_probe.py": ["--gib", "0.01", "--reps", "1"],
     "pinned_probe.py": ["--gib", "0.01", "--reps", "1"],
     "pipeline_bench.py": ["--mib", "1", "--iters", "1"],
     "torch_patch_overhead_bench.py": [],
