@@ -179,6 +179,43 @@ pub fn discard(ptr: *mut u8, size: usize) -> bool {
     advise(ptr, size, libc::MADV_DONTNEED)
 }
 
+/// Fault every page of `[ptr, ptr+size)` in for writing now (`MADV_POPULATE_WRITE`), the range
+/// cut into `threads` pieces of whole multiples of `piece_align` bytes faulted in at once by
+/// threads that live only for this call (a piece a thread cannot be started for is faulted in
+/// by the caller's). Returns false when a piece was refused (a kernel older than 5.14: EINVAL;
+/// no memory: ENOMEM; never a signal): the pages left fault in on first touch, as without it.
+pub fn populate_write(ptr: *mut u8, size: usize, threads: usize, piece_align: usize) -> bool {
+    let populate =
+        |start: usize, len: usize| advise(start as *mut u8, len, libc::MADV_POPULATE_WRITE);
+    let threads = threads.max(1);
+    let piece = size.div_ceil(threads).next_multiple_of(piece_align.max(1));
+    if threads == 1 || piece >= size {
+        return populate(ptr as usize, size);
+    }
+    let base = ptr as usize;
+    std::thread::scope(|s| {
+        let mut workers = Vec::with_capacity(threads);
+        let mut ok = true;
+        for off in (piece..size).step_by(piece) {
+            let len = piece.min(size - off);
+            let started = std::thread::Builder::new()
+                .name("ump-populate".into())
+                .stack_size(64 << 10)
+                .spawn_scoped(s, move || populate(base + off, len));
+            match started {
+                Ok(w) => workers.push(w),
+                Err(_) => ok &= populate(base + off, len),
+            }
+        }
+        ok &= populate(base, piece);
+        // A worker only returns madvise's answer; a panic there is not possible short of an
+        // allocation failure in the runtime, and counts as a refused piece.
+        workers
+            .into_iter()
+            .fold(ok, |ok, w| w.join().unwrap_or(false) & ok)
+    })
+}
+
 fn advise(ptr: *mut u8, size: usize, advice: libc::c_int) -> bool {
     let page = page_size();
     let start = (ptr as usize).next_multiple_of(page);
@@ -305,5 +342,65 @@ mod tests {
         unsafe { unmap(p, size) };
         assert!(!is_mapped(p.as_ptr() as usize + 5));
         assert!(!is_mapped(0));
+    }
+
+    /// Pages of `[p, p+size)` resident now (mincore).
+    fn resident(p: *mut u8, size: usize) -> usize {
+        let mut v = vec![0u8; size.div_ceil(page_size())];
+        // SAFETY: a mapping of ours, `v` one byte per page of it.
+        assert_eq!(unsafe { libc::mincore(p.cast(), size, v.as_mut_ptr()) }, 0);
+        v.iter().filter(|&&b| b & 1 == 1).count()
+    }
+
+    #[test]
+    fn populate_write_faults_every_page_in_from_several_threads() {
+        // Pages of a memory file mapped shared, as the pinned host side's; a length that does
+        // not divide into the pieces.
+        let size = (24 << 20) + 3 * page_size();
+        // SAFETY: plain system calls on a file and a mapping of this test's own.
+        let fd = unsafe { libc::memfd_create(c"ump-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::ftruncate(fd, size as libc::off_t) }, 0);
+        for threads in [1, 4] {
+            // SAFETY: a new shared mapping of the file, unmapped below.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED);
+            let p = p.cast::<u8>();
+            // The file empty again (mincore counts a file's cached pages).
+            // SAFETY: a system call on the test's own file.
+            let punched = unsafe {
+                libc::fallocate(
+                    fd,
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    0,
+                    size as libc::off_t,
+                )
+            };
+            assert_eq!(punched, 0);
+            // SAFETY: inside the mapping.
+            unsafe { p.add(5).write(9) };
+            let before = resident(p, size);
+            assert_eq!(before, 1, "one page written before");
+            assert!(populate_write(p, size, threads, 1 << 21));
+            assert_eq!(resident(p, size), size / page_size(), "{threads} threads");
+            // SAFETY: inside the mapping, every page of it resident.
+            let s = unsafe { std::slice::from_raw_parts(p, size) };
+            assert_eq!(s[5], 9, "contents are kept");
+            assert!(s.iter().enumerate().all(|(i, &b)| b == (i == 5) as u8 * 9));
+            // SAFETY: unused from here on.
+            unsafe { libc::munmap(p.cast(), size) };
+        }
+        // SAFETY: ours.
+        unsafe { libc::close(fd) };
     }
 }
