@@ -7,8 +7,9 @@ setting) runs in a fresh interpreter.
 
 Variants (``--variants``): ``plain`` (no ump-alloc), ``ump`` (``UMP_ALLOC=1``: NumPy on pinned
 memory shared with fork children, the default), ``ump-copy`` (``UMP_ALLOC_PINNED_FORK=copy``: the
-behaviour before issue 20), ``ump-host`` (``UMP_ALLOC_HOST_SIDE=host``). Goal: ``ump`` within
-1.02x of ``plain``.
+behaviour before issue 20), ``ump-host`` (``UMP_ALLOC_HOST_SIDE=host``), ``ump-device``
+(``UMP_ALLOC_DEVICE_SIDE=device``: PyTorch's memory from the device pool instead of managed
+memory). Goal: ``ump`` within 1.02x of ``plain``.
 
     python benches/dataloader_fork_bench.py [--epochs 4] [--variants plain,ump,ump-copy] [--json out.json]
 """
@@ -74,6 +75,7 @@ VARIANTS = {
     "ump": {"UMP_ALLOC": "1"},
     "ump-copy": {"UMP_ALLOC": "1", "UMP_ALLOC_PINNED_FORK": "copy"},
     "ump-host": {"UMP_ALLOC": "1", "UMP_ALLOC_HOST_SIDE": "host"},
+    "ump-device": {"UMP_ALLOC": "1", "UMP_ALLOC_DEVICE_SIDE": "device"},
 }
 
 
