@@ -1,0 +1,151 @@
+"""The pinned host side end to end on a machine without a GPU, over a stand-in CUDA driver.
+
+The stand-in libcuda.so.1 answers like one GPU without HMM/ATS (so NumPy's side is pinned host
+memory), and its cuMemHostRegister pins nothing: it records each range and how many of its pages
+were already resident (mincore) when the registration came. A real driver faults in whatever is
+not resident, one 4 KiB page at a time for the memory file's pages; ump-alloc faults a large
+chunk's shared pages in from several threads first (issue 20, BENCHMARKS §22), so every page of
+such a chunk must be resident when it is registered. The control, UMP_ALLOC_PINNED_FORK=copy
+(anonymous pages, huge pages where the kernel gives them, left to the registration), shows a
+registration that finds the pages absent. The same program checks what the pinned pages must
+do around fork() on the default setting: the child reads the parent's array and its writes stay
+its own."""
+
+import json
+import os
+import shutil
+import subprocess
+import textwrap
+
+import pytest
+
+from conftest import run_python
+
+STANDIN = textwrap.dedent(
+    r"""
+    #include <stdint.h>
+    #include <stdlib.h>
+    #include <string.h>
+    #include <sys/mman.h>
+    #include <unistd.h>
+
+    enum { PAGEABLE_MEMORY_ACCESS = 88, USES_HOST_PAGE_TABLES = 100, LOG = 256 };
+    static size_t sizes[LOG], resident[LOG];
+    static int count;
+
+    int cuInit(unsigned flags) { (void)flags; return 0; }
+    int cuDriverGetVersion(int *v) { *v = 12080; return 0; }
+    int cuDeviceGetCount(int *n) { *n = 1; return 0; }
+    int cuDeviceGet(int *d, int i) { *d = i; return i == 0 ? 0 : 101; }
+    int cuDeviceGetName(char *s, int len, int d) { (void)d; strncpy(s, "stand-in", len); return 0; }
+    /* No HMM/ATS; everything else (managed memory, host registration) supported. */
+    int cuDeviceGetAttribute(int *v, int attr, int d) {
+        (void)d;
+        *v = attr == PAGEABLE_MEMORY_ACCESS || attr == USES_HOST_PAGE_TABLES ? 0 : 1;
+        return 0;
+    }
+    int cuDeviceTotalMem_v2(size_t *b, int d) { (void)d; *b = (size_t)16 << 30; return 0; }
+    int cuDevicePrimaryCtxRetain(void **c, int d) { (void)d; *c = (void *)0x1; return 0; }
+    int cuCtxPushCurrent_v2(void *c) { (void)c; return 0; }
+    int cuCtxPopCurrent_v2(void **c) { if (c) *c = (void *)0x1; return 0; }
+    int cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t)8 << 30; *t = (size_t)16 << 30; return 0; }
+    int cuGetErrorName(int e, const char **s) { (void)e; *s = "CUDA_ERROR_STANDIN"; return 0; }
+    int cuMemHostUnregister(void *p) { (void)p; return 0; }
+
+    /* Pins nothing: records the range and its resident pages at the moment of the call. */
+    int cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
+        (void)flags;
+        long page = sysconf(_SC_PAGESIZE);
+        size_t pages = (n + page - 1) / page, in = 0;
+        unsigned char *v = malloc(pages);
+        if (v && mincore(p, n, v) == 0)
+            for (size_t i = 0; i < pages; i++) in += v[i] & 1;
+        free(v);
+        if (count < LOG) sizes[count] = n, resident[count] = in * page, count++;
+        return 0;
+    }
+    /* For the test: the registrations so far. */
+    int standin_registrations(size_t *n, size_t *in, int max) {
+        int k = count < max ? count : max;
+        for (int i = 0; i < k; i++) n[i] = sizes[i], in[i] = resident[i];
+        return k;
+    }
+
+    #define FAIL(name) int name(void) { return 801; }  /* CUDA_ERROR_NOT_SUPPORTED */
+    FAIL(cuMemAlloc_v2) FAIL(cuMemAllocManaged) FAIL(cuMemFree_v2) FAIL(cuStreamSynchronize)
+    FAIL(cuCtxSynchronize) FAIL(cuStreamWaitEvent) FAIL(cuEventCreate) FAIL(cuEventRecord)
+    FAIL(cuEventQuery) FAIL(cuEventSynchronize) FAIL(cuEventDestroy_v2) FAIL(cuPointerGetAttributes)
+    FAIL(cuStreamCreate)
+    """
+)
+
+PROGRAM = textwrap.dedent(
+    r"""
+    import ctypes, json, os
+    import numpy as np
+    import ump_alloc
+
+    ump_alloc.enable(cupy=False, torch=False)
+    standin = ctypes.CDLL("libcuda.so.1")
+    threads = len(os.listdir("/proc/self/task"))
+    n = 192 << 20
+    a = np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8)
+    threads_after = len(os.listdir("/proc/self/task"))
+    total = int(a.sum(dtype=np.uint64))
+    sizes, res = (ctypes.c_size_t * 256)(), (ctypes.c_size_t * 256)()
+    k = standin.standin_registrations(sizes, res, 256)
+    regs = [(sizes[i], res[i]) for i in range(k)]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ok = int(a.sum(dtype=np.uint64)) == total
+        a[:: 1 << 20] += 1  # private to the child
+        os.write(w, b"1" if ok and int(a.sum(dtype=np.uint64)) != total else b"0")
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    child_ok = os.read(r, 1) == b"1" and os.waitstatus_to_exitcode(status) == 0
+    print(json.dumps({"kind": ump_alloc.identify(a).kind, "regs": regs, "n": n,
+                      "threads": [threads, threads_after], "child_ok": child_ok,
+                      "parent_kept": int(a.sum(dtype=np.uint64)) == total,
+                      "fork_rule": ump_alloc.capabilities()["fork_shared"]}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("standin_cuda")
+    src = d / "standin.c"
+    src.write_text(STANDIN)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libcuda.so.1"), str(src)], check=True)
+    return str(d)
+
+
+def _run(standin, env):
+    e = {"LD_LIBRARY_PATH": standin + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""),
+         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    e.update(env)
+    out = json.loads(run_python(PROGRAM, env=e).stdout.strip().splitlines()[-1])
+    big = [(size, res) for size, res in out["regs"] if size >= out["n"]]
+    assert out["kind"] == "registered", out
+    assert len(big) == 1, out["regs"]
+    return out, big[0]
+
+
+def test_a_large_shared_chunk_is_resident_before_it_is_registered(standin):
+    out, (size, resident) = _run(standin, {"UMP_ALLOC": "1"})
+    assert out["fork_rule"] is True, out
+    assert resident == size, f"{resident} of {size} bytes resident when registered"
+    # The threads that faulted the pages in are gone when the allocation returns.
+    assert out["threads"][1] == out["threads"][0], out["threads"]
+    assert out["child_ok"] and out["parent_kept"], out
+
+
+def test_control_anonymous_pinned_pages_are_left_to_the_registration(standin):
+    out, (size, resident) = _run(standin, {"UMP_ALLOC": "1", "UMP_ALLOC_PINNED_FORK": "copy"})
+    assert out["fork_rule"] is False, out
+    assert resident < size // 100, f"{resident} of {size} bytes resident when registered"
+    assert out["child_ok"] and out["parent_kept"], out
