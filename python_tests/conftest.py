@@ -1,5 +1,6 @@
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 
@@ -54,6 +55,28 @@ def run_python(code, env=None, check=True):
     if check and r.returncode != 0:
         raise AssertionError(f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
     return r
+
+
+def build_stand_in_cuda(tmp_path_factory, source, *flags):
+    """A folder holding ``libcuda.so.1`` compiled from C ``source`` (with ``flags``): a stand-in
+    CUDA driver for machines without one. Skips the test where there is no C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("stand_in_cuda")
+    src = d / "stand_in_cuda.c"
+    src.write_text(source)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libcuda.so.1"), str(src), *flags], check=True)
+    return str(d)
+
+
+def stand_in_env(folder, **settings):
+    """Settings for a fresh interpreter that loads the stand-in driver of ``folder`` and keeps
+    NumPy's BLAS to one thread (its own pool is not what the stand-in tests look at)."""
+    env = {"LD_LIBRARY_PATH": folder + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""),
+           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env.update(settings)
+    return env
 
 
 def rand_bytes(n, seed=0):

@@ -12,14 +12,11 @@ do around fork() on the default setting: the child reads the parent's array and 
 its own."""
 
 import json
-import os
-import shutil
-import subprocess
 import textwrap
 
 import pytest
 
-from conftest import run_python
+from conftest import build_stand_in_cuda, run_python, stand_in_env
 
 STANDIN = textwrap.dedent(
     r"""
@@ -114,20 +111,11 @@ PROGRAM = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    d = tmp_path_factory.mktemp("standin_cuda")
-    src = d / "standin.c"
-    src.write_text(STANDIN)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libcuda.so.1"), str(src)], check=True)
-    return str(d)
+    return build_stand_in_cuda(tmp_path_factory, STANDIN)
 
 
 def _run(standin, env):
-    e = {"LD_LIBRARY_PATH": standin + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""),
-         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    e.update(env)
+    e = stand_in_env(standin, **env)
     out = json.loads(run_python(PROGRAM, env=e).stdout.strip().splitlines()[-1])
     big = [(size, res) for size, res in out["regs"] if size >= out["n"]]
     assert out["kind"] == "registered", out

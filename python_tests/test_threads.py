@@ -7,14 +7,11 @@ This machine may have no CUDA driver, so the tests load a stand-in libcuda.so.1 
 starts a thread, as the real driver's initialisation may: the thread count, and whether the
 library is mapped at all, tell whether ump-alloc called into it."""
 
-import os
-import shutil
-import subprocess
 import textwrap
 
 import pytest
 
-from conftest import run_python
+from conftest import build_stand_in_cuda, run_python, stand_in_env
 
 FAKE_CUDA = textwrap.dedent(
     r"""
@@ -71,23 +68,12 @@ PROGRAM = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def fake_cuda(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    d = tmp_path_factory.mktemp("fake_cuda")
-    src = d / "fake_cuda.c"
-    src.write_text(FAKE_CUDA)
     # nodelete: the library is closed when cuInit fails, while its thread still runs there.
-    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-z,nodelete", "-o", str(d / "libcuda.so.1"), str(src), "-lpthread"],
-                   check=True)
-    return str(d)
+    return build_stand_in_cuda(tmp_path_factory, FAKE_CUDA, "-Wl,-z,nodelete", "-lpthread")
 
 
 def _run(fake_cuda, env):
-    # One BLAS thread: NumPy's own pool is not the subject (it starts at `import numpy`).
-    e = {"LD_LIBRARY_PATH": fake_cuda + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""),
-         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    e.update(env)
+    e = stand_in_env(fake_cuda, **env)
     r = run_python(PROGRAM, env=e)
     lines = {line.split()[0]: line.split()[1:] for line in r.stdout.splitlines()}
     return lines["after-numpy"], lines["after-mode"]
