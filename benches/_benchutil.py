@@ -30,3 +30,16 @@ def ump_env(settings: dict) -> dict:
     env = {k: v for k, v in os.environ.items() if not (k.startswith("UMP_ALLOC") and k != "UMP_ALLOC_LIBRARY")}
     env.update(settings)
     return env
+
+
+def libc_memory():
+    """The C library through ctypes, with ``mmap``, ``munmap`` and ``madvise`` typed for
+    addresses and sizes (``mmap`` returns an int, or ``MAP_FAILED``: ``ctypes.c_void_p(-1).value``)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc

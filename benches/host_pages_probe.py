@@ -25,12 +25,11 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _benchutil  # noqa: E402 - beside this script
+
 GiB = 1 << 30
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc = _benchutil.libc_memory()
 MADV_HUGEPAGE, MADV_NOHUGEPAGE = 14, 15
 MAP_FAILED = ctypes.c_void_p(-1).value
 try:
@@ -118,9 +117,6 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--kinds", default="anon_thp,anon_4k,memfd,memfd_advise,memfd_hugetlb,cuda_host_alloc,numpy")
     args = p.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import _benchutil
-
     _benchutil.gpu_or_skip("cupy")
     import cupy as cp
 

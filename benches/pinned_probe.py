@@ -23,12 +23,11 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _benchutil  # noqa: E402 - beside this script
+
 GiB = 1 << 30
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc = _benchutil.libc_memory()
 MADV_HUGEPAGE = 14
 try:
     cu = ctypes.CDLL("libcuda.so.1")
@@ -231,8 +230,6 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    import _benchutil
-
     _benchutil.gpu_or_skip("cupy")
     import cupy as cp
 
