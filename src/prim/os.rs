@@ -320,6 +320,7 @@ pub fn set_errno(value: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prim::file;
 
     #[test]
     fn aligned_mapping_is_aligned_zeroed_and_writable() {
@@ -357,11 +358,8 @@ mod tests {
         // Pages of a memory file mapped shared, as the pinned host side's; a length that does
         // not divide into the pieces.
         let size = (24 << 20) + 3 * page_size();
-        // SAFETY: plain system calls on a file and a mapping of this test's own.
-        let fd = unsafe { libc::memfd_create(c"ump-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: as above.
-        assert_eq!(unsafe { libc::ftruncate(fd, size as libc::off_t) }, 0);
+        let fd = file::memfd(c"ump-test").unwrap();
+        assert!(file::set_len(fd, size as u64));
         for threads in [1, 4] {
             // SAFETY: a new shared mapping of the file, unmapped below.
             let p = unsafe {
@@ -377,16 +375,7 @@ mod tests {
             assert_ne!(p, libc::MAP_FAILED);
             let p = p.cast::<u8>();
             // The file empty again (mincore counts a file's cached pages).
-            // SAFETY: a system call on the test's own file.
-            let punched = unsafe {
-                libc::fallocate(
-                    fd,
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    0,
-                    size as libc::off_t,
-                )
-            };
-            assert_eq!(punched, 0);
+            assert!(file::punch_hole(fd, 0, size));
             // SAFETY: inside the mapping.
             unsafe { p.add(5).write(9) };
             let before = resident(p, size);
@@ -400,7 +389,6 @@ mod tests {
             // SAFETY: unused from here on.
             unsafe { libc::munmap(p.cast(), size) };
         }
-        // SAFETY: ours.
-        unsafe { libc::close(fd) };
+        file::close(fd);
     }
 }
