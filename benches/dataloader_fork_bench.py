@@ -9,12 +9,18 @@ Variants (``--variants``): ``plain`` (no ump-alloc), ``ump`` (``UMP_ALLOC=1``: N
 memory shared with fork children, the default), ``ump-copy`` (``UMP_ALLOC_PINNED_FORK=copy``: the
 behaviour before issue 20), ``ump-host`` (``UMP_ALLOC_HOST_SIDE=host``), ``ump-device``
 (``UMP_ALLOC_DEVICE_SIDE=device``: PyTorch's memory from the device pool instead of managed
-memory). Goal: ``ump`` within 1.02x of ``plain``.
+memory), ``ump-numpy`` (``ump_alloc.enable(torch=False)``: NumPy and the workers on ump-alloc,
+PyTorch untouched) and ``ump-torch`` (``enable(numpy=False)``: PyTorch on ump-alloc, NumPy
+untouched). Goal: ``ump`` within 1.02x of ``plain``.
 
-    python benches/dataloader_fork_bench.py [--epochs 4] [--variants plain,ump,ump-copy] [--phases] [--json out.json]
+    python benches/dataloader_fork_bench.py [--epochs 4] [--variants plain,ump,ump-copy] [--rounds 1]
+        [--phases] [--json out.json]
 
 Each row also gives, per epoch, the time the training loop waited for the DataLoader's next
-batch; ``--phases`` adds the time of the batches' copies to the GPU alone.
+batch, and the workers' own time making the batches (their samples and collation, summed over
+the epoch's batches; collation alone below it); ``--phases`` adds the time of the batches'
+copies to the GPU alone. ``--rounds N`` runs the whole set N times, interleaved (every other
+round in reverse order), and gives each variant's median ratio to the same round's ``plain``.
 """
 
 from __future__ import annotations
@@ -28,10 +34,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 WORKER = r'''
-import json, sys, time
+import json, os, sys, time
 import numpy as np
+if os.environ.get("DL_BENCH_ENABLE"):  # one library on ump-alloc, the other left alone
+    import ump_alloc
+    ump_alloc.enable(**{k: v == "1" for k, v in (kv.split("=") for kv in os.environ["DL_BENCH_ENABLE"].split(","))})
 import torch, torchvision
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 epochs, persistent, pin = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
 phases = sys.argv[4] == "1"
@@ -44,12 +53,24 @@ if "ump_alloc" in sys.modules:
     import ump_alloc
     kind = ump_alloc.identify(images).kind
 
+started = [None]   # in each worker: when it began the batch it is making
+
 class DS(Dataset):
     def __len__(self):
         return n
     def __getitem__(self, i):
+        if started[0] is None:
+            started[0] = time.perf_counter()
         x = images[i].astype(np.float32) / 255.0                # a new array in the worker
         return torch.from_numpy(x), int(labels[i])
+
+def collate(batch):
+    # The worker's time for this batch (its samples and their collation) travels with it.
+    t0 = time.perf_counter()
+    x, y = default_collate(batch)
+    t1 = time.perf_counter()
+    made, started[0] = t1 - started[0], None
+    return x, y, made, t1 - t0
 
 torch.manual_seed(0)
 model = torchvision.models.resnet18(num_classes=10).cuda()
@@ -57,20 +78,22 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loss_fn = torch.nn.CrossEntropyLoss()
 g = torch.Generator(); g.manual_seed(0)
 dl = DataLoader(DS(), batch_size=256, shuffle=True, generator=g, num_workers=4, pin_memory=pin,
-                persistent_workers=persistent, multiprocessing_context="fork")
+                persistent_workers=persistent, multiprocessing_context="fork", collate_fn=collate)
 times, check, split = [], 0.0, []
 for e in range(epochs):
     torch.cuda.synchronize()
     t = time.perf_counter()
-    wait = h2d = 0.0
+    wait = h2d = made = coll = 0.0
     it = iter(dl)
     while True:
         t0 = time.perf_counter()
         try:
-            x, y = next(it)
+            x, y, m, c = next(it)
         except StopIteration:
             break
         t1 = time.perf_counter()
+        made += m
+        coll += c
         x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
         if phases:  # the copies' own time (the synchronisation changes the overlap)
             torch.cuda.synchronize()
@@ -82,7 +105,8 @@ for e in range(epochs):
         opt.step()
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
-    split.append({"waiting_for_batches_s": wait, "h2d_s": h2d if phases else None})
+    split.append({"waiting_for_batches_s": wait, "h2d_s": h2d if phases else None,
+                  "worker_s": made, "collate_s": coll})
     check = float(loss.item())
 print(json.dumps({"kind": kind, "epochs_s": times, "split": split, "last_loss": check}))
 '''
@@ -93,7 +117,24 @@ VARIANTS = {
     "ump-copy": {"UMP_ALLOC": "1", "UMP_ALLOC_PINNED_FORK": "copy"},
     "ump-host": {"UMP_ALLOC": "1", "UMP_ALLOC_HOST_SIDE": "host"},
     "ump-device": {"UMP_ALLOC": "1", "UMP_ALLOC_DEVICE_SIDE": "device"},
+    "ump-numpy": {"DL_BENCH_ENABLE": "torch=0"},
+    "ump-torch": {"DL_BENCH_ENABLE": "numpy=0"},
 }
+
+
+def run_one(v: str, persistent: str, pin: str, args, rnd: int) -> dict:
+    """One (variant, setting) in a fresh interpreter."""
+    from _benchutil import ump_env
+
+    row = {"variant": v, "round": rnd, "persistent": persistent, "pin": pin}
+    r = subprocess.run([sys.executable, "-c", WORKER, str(args.epochs), persistent, pin,
+                        "1" if args.phases else "0"], env=ump_env(VARIANTS[v]),
+                       capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        return {**row, "error": r.stderr[-2000:]}
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    later = sorted(out["epochs_s"][1:]) or out["epochs_s"]
+    return {**row, **out, "median_s": later[len(later) // 2]}
 
 
 def main() -> int:
@@ -104,42 +145,55 @@ def main() -> int:
     ap.add_argument("--pin", default="1,0", help="pin_memory settings to run (1, 0)")
     ap.add_argument("--phases", action="store_true",
                     help="also time the batch copies alone (a synchronisation after each: slower epochs)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every (variant, setting), interleaved")
     ap.add_argument("--json")
     args = ap.parse_args()
-    from _benchutil import gpu_or_skip, ump_env
+    from _benchutil import gpu_or_skip
 
     gpu_or_skip("torch", "torchvision")
     rows = []
-    for persistent in args.persistent.split(","):
-        for pin in args.pin.split(","):
-            for v in args.variants.split(","):
-                print(f"{v} persistent_workers={persistent} pin_memory={pin} ...", file=sys.stderr, flush=True)
-                env = ump_env(VARIANTS[v])
-                r = subprocess.run([sys.executable, "-c", WORKER, str(args.epochs), persistent, pin,
-                                    "1" if args.phases else "0"], env=env,
-                                   capture_output=True, text=True, timeout=1800)
-                if r.returncode != 0:
-                    rows.append({"variant": v, "persistent": persistent, "pin": pin, "error": r.stderr[-2000:]})
-                    continue
-                out = json.loads(r.stdout.strip().splitlines()[-1])
-                later = sorted(out["epochs_s"][1:]) or out["epochs_s"]
-                out["median_s"] = later[len(later) // 2]
-                rows.append({"variant": v, "persistent": persistent, "pin": pin, **out})
-    base = {(r["persistent"], r["pin"]): r["median_s"] for r in rows if r["variant"] == "plain" and "median_s" in r}
-    print(f"{'variant':<9} {'persistent':>10} {'pin':>4} {'kind':<10} {'s/epoch (median)':>17} {'vs plain':>9}  epochs")
+    variants = args.variants.split(",")
+    for rnd in range(args.rounds):  # rounds interleave the variants, in turn forward and backward:
+        order = variants if rnd % 2 == 0 else variants[::-1]  # drift and order hit them alike
+        for persistent in args.persistent.split(","):
+            for pin in args.pin.split(","):
+                for v in order:
+                    print(f"round {rnd} {v} persistent_workers={persistent} pin_memory={pin} ...",
+                          file=sys.stderr, flush=True)
+                    row = run_one(v, persistent, pin, args, rnd)
+                    rows.append(row)
+                    # Each result as it comes (a run cut short keeps what it measured).
+                    print(json.dumps({k: row.get(k) for k in ("variant", "round", "persistent", "pin", "median_s",
+                                                              "epochs_s", "error")}), file=sys.stderr, flush=True)
+    base = {(r["round"], r["persistent"], r["pin"]): r["median_s"]
+            for r in rows if r["variant"] == "plain" and "median_s" in r}
+    print(f"{'variant':<10} {'round':>5} {'persistent':>10} {'pin':>4} {'kind':<10} {'s/epoch (median)':>17} "
+          f"{'vs plain':>9}  epochs")
     for r in rows:
+        head = f"{r['variant']:<10} {r['round']:>5} {r['persistent']:>10} {r['pin']:>4}"
         if "error" in r:
-            print(f"{r['variant']:<9} {r['persistent']:>10} {r['pin']:>4} error: {r['error'][-300:]}")
+            print(f"{head} error: {r['error'][-300:]}")
             continue
-        b = base.get((r["persistent"], r["pin"]))
-        rel = f"{r['median_s'] / b:.3f}x" if b else "-"
-        print(f"{r['variant']:<9} {r['persistent']:>10} {r['pin']:>4} {r['kind']:<10} {r['median_s']:>17.3f} {rel:>9}  "
-              + " ".join(f"{t:.3f}" for t in r["epochs_s"]))
-        print(f"{'':<9} {'':>10} {'':>4} {'':<10} {'waiting for batches':>17} {'':>9}  "
-              + " ".join(f"{x['waiting_for_batches_s']:.3f}" for x in r["split"]))
-        if args.phases:
-            print(f"{'':<9} {'':>10} {'':>4} {'':<10} {'batch copies':>17} {'':>9}  "
-                  + " ".join(f"{x['h2d_s']:.3f}" for x in r["split"]))
+        b = base.get((r["round"], r["persistent"], r["pin"]))
+        r["vs_plain"] = r["median_s"] / b if b else None
+        rel = f"{r['vs_plain']:.3f}x" if b else "-"
+        print(f"{head} {r['kind']:<10} {r['median_s']:>17.3f} {rel:>9}  " + " ".join(f"{t:.3f}" for t in r["epochs_s"]))
+        pad = " " * (len(head) + 11)
+        for key, label in (("waiting_for_batches_s", "waiting for batches"), ("worker_s", "workers' time"),
+                           ("collate_s", "of which collate"), ("h2d_s", "batch copies")):
+            if key == "h2d_s" and not args.phases:
+                continue
+            print(f"{pad}{label:>17} {'':>9}  " + " ".join(f"{x[key]:.3f}" for x in r["split"]))
+    if args.rounds > 1:
+        print("\nmedian over rounds of each round's ratio to plain:")
+        groups: dict = {}
+        for r in rows:
+            if r.get("vs_plain") is not None:
+                groups.setdefault((r["variant"], r["persistent"], r["pin"]), []).append(r["vs_plain"])
+        for (v, persistent, pin), xs in groups.items():
+            xs = sorted(xs)
+            print(f"  {v:<10} persistent={persistent} pin={pin}: {xs[len(xs) // 2]:.3f}x  "
+                  f"({' '.join(f'{x:.3f}' for x in xs)})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,0 +1,122 @@
+"""``dataloader_fork_bench.py``'s pipeline (4 ``fork`` workers, ``persistent_workers=False``,
+``pin_memory=False``, a 300 MiB uint8 dataset made in the parent, ResNet-18 on the GPU) with
+plain and ump-alloc epochs alternating *in one process*, so that the machine's drift from one
+process to the next (10-25 % on the lent H100) drops out of the comparison.
+
+The process holds the dataset twice, once in NumPy's own memory and once on ump-alloc's host
+side (pinned, shared with fork children). A ``plain`` epoch reads the first with ump-alloc
+disabled; a ``ump`` epoch reads the second inside ``ump_alloc.enabled(torch=...)``, so the
+workers forked for it allocate from ump-alloc too. With ``--torch`` PyTorch's new segments
+come from ump-alloc in ``ump`` epochs as well (``torch.cuda.empty_cache()`` at each switch gives
+the cached ones back); without it PyTorch stays on its own allocator throughout. Needs a GPU,
+PyTorch and torchvision.
+
+    python benches/dataloader_ab_probe.py [--epochs 6] [--torch] [--start ump]
+
+Prints each epoch (seconds, the workers' time for their samples and for collation, summed over
+the epoch's batches) and the median epoch of each mode with their ratio; the first epoch of
+each mode is a warm-up and left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--epochs", type=int, default=6, help="epochs per mode (the first of each is a warm-up)")
+    ap.add_argument("--torch", action="store_true", help="PyTorch on ump-alloc too in ump epochs")
+    ap.add_argument("--start", choices=("plain", "ump"), default="plain")
+    args = ap.parse_args()
+    import _benchutil
+
+    _benchutil.gpu_or_skip("torch", "torchvision")
+    import numpy as np
+    import torch
+    import torchvision
+    from torch.utils.data import DataLoader, Dataset, default_collate
+
+    import ump_alloc
+
+    n = 300 * 2**20 // (3 * 64 * 64)
+    rng = np.random.default_rng(0)
+    plain_images = rng.integers(0, 256, (n, 3, 64, 64), dtype=np.uint8)
+    with ump_alloc.enabled(torch=False):
+        ump_images = plain_images.copy()
+    labels = rng.integers(0, 10, n).astype(np.int64)
+    kinds = (ump_alloc.identify(plain_images).kind, ump_alloc.identify(ump_images).kind)
+    data = {"images": plain_images, "started": None}
+
+    class DS(Dataset):
+        def __len__(self):
+            return n
+
+        def __getitem__(self, i):
+            if data["started"] is None:
+                data["started"] = time.perf_counter()
+            x = data["images"][i].astype(np.float32) / 255.0
+            return torch.from_numpy(x), int(labels[i])
+
+    def collate(batch):
+        t0 = time.perf_counter()
+        x, y = default_collate(batch)
+        t1 = time.perf_counter()
+        made, data["started"] = t1 - data["started"], None
+        return x, y, made, t1 - t0
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def epoch(seed):
+        g = torch.Generator()
+        g.manual_seed(seed)
+        dl = DataLoader(DS(), batch_size=256, shuffle=True, generator=g, num_workers=4, pin_memory=False,
+                        persistent_workers=False, multiprocessing_context="fork", collate_fn=collate)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        made = coll = 0.0
+        for x, y, m, c in dl:
+            made += m
+            coll += c
+            x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t, made - coll, coll, float(loss.item())
+
+    order = ["plain", "ump"] if args.start == "plain" else ["ump", "plain"]
+    got = {"plain": [], "ump": []}
+    print(f"dataset: plain epochs {kinds[0]}, ump epochs {kinds[1]}; PyTorch on ump-alloc in ump epochs: {args.torch}")
+    print(f"{'epoch':>5} {'mode':<6} {'s':>7} {'samples s':>10} {'collate s':>10}")
+    for e in range(2 * args.epochs):
+        mode = order[e % 2]
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        if mode == "ump":
+            data["images"] = ump_images
+            with ump_alloc.enabled(torch=args.torch):
+                r = epoch(e // 2)
+        else:
+            data["images"] = plain_images
+            r = epoch(e // 2)
+        if e >= 2:
+            got[mode].append(r[0])
+        print(f"{e:>5} {mode:<6} {r[0]:>7.3f} {r[1]:>10.3f} {r[2]:>10.3f}", flush=True)
+    p, u = statistics.median(got["plain"]), statistics.median(got["ump"])
+    print(f"median epoch: plain {p:.3f} s, ump {u:.3f} s: ump / plain = {u / p:.3f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
