@@ -137,3 +137,47 @@ def test_control_anonymous_pinned_pages_are_left_to_the_registration(standin):
     assert out["fork_rule"] is False, out
     assert resident < size // 100, f"{resident} of {size} bytes resident when registered"
     assert out["child_ok"] and out["parent_kept"], out
+
+
+@pytest.mark.parametrize(
+    "setting, size",
+    [
+        ("always within_size advise [never] deny force\n", "4 KiB"),
+        ("always within_size [advise] never deny force\n", "2 MiB"),
+        ("[always] within_size advise never deny force\n", "2 MiB"),
+        ("always within_size advise never [deny] force\n", "4 KiB"),
+        ("always within_size advise never deny [force]\n", "2 MiB"),
+        (None, "4 KiB"),
+    ],
+)
+def test_info_reads_the_size_of_shared_pages_from_the_kernel(tmp_path, setting, size):
+    """`shared_pages` reads the bracketed choice of the kernel's shmem_enabled (a missing file:
+    a kernel without huge shared pages); with 4 KiB pages it names what fork children pay and
+    the setting that removes it."""
+    from ump_alloc.__main__ import shared_pages
+
+    path = tmp_path / "shmem_enabled"
+    if setting is not None:
+        path.write_text(setting)
+    line = shared_pages(str(path))
+    assert line.startswith(size), line
+    assert ("fork child" in line and "advise" in line) == (size == "4 KiB" and setting is not None), line
+
+
+def test_info_shows_the_shared_page_size_with_the_pinned_host_side(standin):
+    """Over the stand-in driver (pinned host side, shared with children) `info` prints the size
+    of the shared pages as this machine's kernel gives them; the control, copy mode (anonymous
+    pinned pages), prints no such line."""
+    from ump_alloc.__main__ import SHMEM_THP, shared_pages
+
+    def info(**settings):
+        e = stand_in_env(standin, **settings)
+        return run_python("import sys, ump_alloc.__main__ as m; sys.argv = ['ump_alloc', 'info']; sys.exit(m.main())",
+                          env=e).stdout
+
+    out = info(UMP_ALLOC="1")
+    host = out.split("host side (NumPy):")[1].split("device side")[0]
+    assert "pinned" in host and "fork(): share" in host, out
+    assert f"shared pages: {shared_pages(SHMEM_THP)}" in host, out
+    control = info(UMP_ALLOC="1", UMP_ALLOC_PINNED_FORK="copy").split("host side (NumPy):")[1]
+    assert "fork(): copy" in control and "shared pages:" not in control, control

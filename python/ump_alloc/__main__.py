@@ -97,6 +97,34 @@ def _shown(row: dict) -> str:
     return f"{value} = {parsed}"
 
 
+#: The kernel's setting for transparent huge pages of shared memory (memfd and tmpfs).
+SHMEM_THP = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def shared_pages(path: str = SHMEM_THP) -> str:
+    """What size the pinned host side's shared pages get, from the kernel's setting for huge
+    pages of shared memory (``path``), and what it costs fork children: one line for ``info``.
+
+    ump-alloc asks for huge pages (``MADV_HUGEPAGE``) on every chunk of 4 MiB or more; the
+    kernel grants them to shared memory only with ``always``, ``within_size``, ``advise`` or
+    ``force``. With 4 KiB pages a fork child's first read of the parent's arrays faults the
+    pages in (NumPy's own memory is inherited mapped): measured on the lent H100 with
+    ``benches/fork_bench.py --parts fork --gib 2``, docs/BENCHMARKS.md section 22."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return "4 KiB pages (this kernel has no huge pages for shared memory)"
+    chosen = text[text.find("[") + 1 : text.find("]")] if "[" in text and "]" in text else text.strip()
+    if chosen in ("always", "within_size", "advise", "force"):
+        return f"2 MiB huge pages for chunks of 4 MiB or more ({path}: {chosen})"
+    return (
+        f"4 KiB pages ({path}: {chosen}): a fork child's first read of the parent's arrays faults "
+        "their pages in, about 20-70 ms per GiB more than with NumPy's own memory on the lent H100; "
+        f"'echo advise > {path}' (root) gives the chunks huge pages and makes that read as fast"
+    )
+
+
 def info() -> int:
     problems = ump_alloc.config_errors()
     fatal = any(p.startswith("configuration error:") for p in problems)
@@ -134,6 +162,8 @@ def info() -> int:
         print(f"    why: {caps['host_reason']}")
         if caps["fork_rule"]:
             print(f"    fork(): {caps['fork_rule']}")
+        if caps["fork_shared"]:
+            print(f"    shared pages: {shared_pages()}")
         print(f"  device side (CuPy, PyTorch):  {caps['device_side']}")
         print(f"    why: {caps['device_reason']}")
     else:
