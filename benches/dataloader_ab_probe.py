@@ -1,17 +1,19 @@
-"""``dataloader_fork_bench.py``'s pipeline (4 ``fork`` workers, ``persistent_workers=False``,
-``pin_memory=False``, a 300 MiB uint8 dataset made in the parent, ResNet-18 on the GPU) with
-plain and ump-alloc epochs alternating *in one process*, so that the machine's drift from one
-process to the next (10-25 % on the lent H100) drops out of the comparison.
+"""``dataloader_fork_bench.py``'s pipeline (4 ``fork`` workers, ``persistent_workers`` and
+``pin_memory`` False unless ``--persistent`` / ``--pin``, a 300 MiB uint8 dataset made in the
+parent, ResNet-18 on the GPU) with plain and ump-alloc epochs alternating *in one process*, so
+that the machine's drift from one process to the next (10-25 % on the lent H100) drops out of
+the comparison.
 
 The process holds the dataset twice, once in NumPy's own memory and once on ump-alloc's host
 side (pinned, shared with fork children). A ``plain`` epoch reads the first with ump-alloc
 disabled; a ``ump`` epoch reads the second inside ``ump_alloc.enabled(torch=...)``, so the
 workers forked for it allocate from ump-alloc too. With ``--torch`` PyTorch's new segments
-come from ump-alloc in ``ump`` epochs as well (``torch.cuda.empty_cache()`` at each switch gives
-the cached ones back); without it PyTorch stays on its own allocator throughout. Needs a GPU,
-PyTorch and torchvision.
+come from ump-alloc in ``ump`` epochs as well, and the model those epochs train was made there
+too (each mode trains a model of its own, alike at the start, on a CUDA stream of its own, so
+that PyTorch's cache never hands one mode's blocks to the other); without it PyTorch stays on
+its own allocator throughout. Needs a GPU, PyTorch and torchvision.
 
-    python benches/dataloader_ab_probe.py [--epochs 6] [--torch] [--start ump]
+    python benches/dataloader_ab_probe.py [--epochs 6] [--torch] [--start ump] [--persistent] [--pin]
 
 Prints each epoch (seconds, the workers' time for their samples and for collation, summed over
 the epoch's batches) and the median epoch of each mode with their ratio; the first epoch of
@@ -34,6 +36,8 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=6, help="epochs per mode (the first of each is a warm-up)")
     ap.add_argument("--torch", action="store_true", help="PyTorch on ump-alloc too in ump epochs")
     ap.add_argument("--start", choices=("plain", "ump"), default="plain")
+    ap.add_argument("--persistent", action="store_true", help="persistent_workers=True (one DataLoader per mode)")
+    ap.add_argument("--pin", action="store_true", help="pin_memory=True")
     args = ap.parse_args()
     import _benchutil
 
@@ -51,7 +55,6 @@ def main() -> int:
     with ump_alloc.enabled(torch=False):
         ump_images = plain_images.copy()
     labels = rng.integers(0, 10, n).astype(np.int64)
-    kinds = (ump_alloc.identify(plain_images).kind, ump_alloc.identify(ump_images).kind)
     data = {"images": plain_images, "started": None}
 
     class DS(Dataset):
@@ -71,45 +74,78 @@ def main() -> int:
         made, data["started"] = t1 - data["started"], None
         return x, y, made, t1 - t0
 
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18(num_classes=10).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
 
-    def epoch(seed):
+    # Each mode trains a model of its own, alike at the start, on a CUDA stream of its own:
+    # PyTorch's caching allocator never hands a block cached for one stream to another, so with
+    # --torch everything the ump epochs allocate (model, gradients, activations, batches) lies in
+    # segments PyTorch took from ump-alloc, as under UMP_ALLOC=1, and the plain epochs' in
+    # PyTorch's own.
+    streams = {"plain": torch.cuda.Stream(), "ump": torch.cuda.Stream()}
+
+    def make_model(mode):
+        with torch.cuda.stream(streams[mode]):
+            torch.manual_seed(0)
+            m = torchvision.models.resnet18(num_classes=10).cuda()
+            return m, torch.optim.SGD(m.parameters(), lr=0.01)
+
+    models = {"plain": make_model("plain")}
+    with ump_alloc.enabled(torch=args.torch):
+        models["ump"] = make_model("ump")
+
+    loaders = {}
+
+    def loader(mode, seed):
+        """A new DataLoader per epoch, or with --persistent one per mode (its workers are forked
+        at its first epoch, in that mode, and kept); either way both modes see the same samples."""
+        if args.persistent and mode in loaders:
+            return loaders[mode]
         g = torch.Generator()
         g.manual_seed(seed)
-        dl = DataLoader(DS(), batch_size=256, shuffle=True, generator=g, num_workers=4, pin_memory=False,
-                        persistent_workers=False, multiprocessing_context="fork", collate_fn=collate)
+        dl = DataLoader(DS(), batch_size=256, shuffle=True, generator=g, num_workers=4, pin_memory=args.pin,
+                        persistent_workers=args.persistent, multiprocessing_context="fork", collate_fn=collate)
+        if args.persistent:
+            loaders[mode] = dl
+        return dl
+
+    def epoch(mode, seed):
+        dl = loader(mode, seed)
+        model, opt = models[mode]
         torch.cuda.synchronize()
         t = time.perf_counter()
         made = coll = 0.0
-        for x, y, m, c in dl:
-            made += m
-            coll += c
-            x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
+        with torch.cuda.stream(streams[mode]):
+            for x, y, m, c in dl:
+                made += m
+                coll += c
+                x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
         torch.cuda.synchronize()
         return time.perf_counter() - t, made - coll, coll, float(loss.item())
 
     order = ["plain", "ump"] if args.start == "plain" else ["ump", "plain"]
     got = {"plain": [], "ump": []}
-    print(f"dataset: plain epochs {kinds[0]}, ump epochs {kinds[1]}; PyTorch on ump-alloc in ump epochs: {args.torch}")
+
+    def kind(ptr):
+        return ump_alloc.identify(ptr).kind
+
+    for mode, images in (("plain", plain_images), ("ump", ump_images)):
+        print(f"{mode} epochs: dataset {kind(images)}, model {kind(next(models[mode][0].parameters()).data_ptr())}")
+    print(f"PyTorch on ump-alloc in ump epochs: {args.torch}; persistent_workers={args.persistent}, "
+          f"pin_memory={args.pin}")
     print(f"{'epoch':>5} {'mode':<6} {'s':>7} {'samples s':>10} {'collate s':>10}")
     for e in range(2 * args.epochs):
         mode = order[e % 2]
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
         if mode == "ump":
             data["images"] = ump_images
             with ump_alloc.enabled(torch=args.torch):
-                r = epoch(e // 2)
+                r = epoch(mode, e // 2)
         else:
             data["images"] = plain_images
-            r = epoch(e // 2)
+            r = epoch(mode, e // 2)
         if e >= 2:
             got[mode].append(r[0])
         print(f"{e:>5} {mode:<6} {r[0]:>7.3f} {r[1]:>10.3f} {r[2]:>10.3f}", flush=True)
