@@ -6,14 +6,19 @@ import importlib
 import sys
 
 
-def gpu_or_skip(*modules: str) -> None:
-    """Exit 0 with one line ``skipped: ...`` unless a CUDA GPU and ``modules`` are present."""
+def modules_or_skip(*modules: str) -> None:
+    """Exit 0 with one line ``skipped: ...`` unless ``modules`` can be imported."""
     for m in modules:
         try:
             importlib.import_module(m)
         except Exception as e:  # noqa: BLE001 - any import failure means: cannot run here
             print(f"skipped: needs {m} ({type(e).__name__}: {e})")
             sys.exit(0)
+
+
+def gpu_or_skip(*modules: str) -> None:
+    """Exit 0 with one line ``skipped: ...`` unless a CUDA GPU and ``modules`` are present."""
+    modules_or_skip(*modules)
     import ump_alloc
 
     caps = ump_alloc.capabilities()

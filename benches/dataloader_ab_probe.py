@@ -11,18 +11,22 @@ workers forked for it allocate from ump-alloc too. With ``--torch`` PyTorch's ne
 come from ump-alloc in ``ump`` epochs as well, and the model those epochs train was made there
 too (each mode trains a model of its own, alike at the start, on a CUDA stream of its own, so
 that PyTorch's cache never hands one mode's blocks to the other); without it PyTorch stays on
-its own allocator throughout. Needs a GPU, PyTorch and torchvision.
+its own allocator throughout. Needs a GPU, PyTorch and torchvision (``--workers-only``: PyTorch).
 
     python benches/dataloader_ab_probe.py [--epochs 6] [--torch] [--start ump] [--persistent] [--pin]
+        [--workers-only]
 
-Prints each epoch (seconds, the workers' time for their samples and for collation, summed over
-the epoch's batches) and the median epoch of each mode with their ratio; the first epoch of
-each mode is a warm-up and left out.
+Prints each epoch (seconds, the workers' time for their samples, wall and CPU, and for
+collation, summed over the epoch's batches) and the median epoch of each mode with their ratio;
+the first epoch of each mode is a warm-up and left out. ``--workers-only`` leaves out the model
+and the GPU (the loop only takes the batches): the workers' side alone, on any machine with
+PyTorch (where no GPU reaches NumPy's memory the host side is plain aligned memory).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -38,13 +42,17 @@ def main() -> int:
     ap.add_argument("--start", choices=("plain", "ump"), default="plain")
     ap.add_argument("--persistent", action="store_true", help="persistent_workers=True (one DataLoader per mode)")
     ap.add_argument("--pin", action="store_true", help="pin_memory=True")
+    ap.add_argument("--workers-only", action="store_true",
+                    help="no model and no GPU: the loop only takes the batches (the workers' side alone)")
     args = ap.parse_args()
     import _benchutil
 
-    _benchutil.gpu_or_skip("torch", "torchvision")
+    if args.workers_only:
+        _benchutil.modules_or_skip("torch")
+    else:
+        _benchutil.gpu_or_skip("torch", "torchvision")
     import numpy as np
     import torch
-    import torchvision
     from torch.utils.data import DataLoader, Dataset, default_collate
 
     import ump_alloc
@@ -55,7 +63,7 @@ def main() -> int:
     with ump_alloc.enabled(torch=False):
         ump_images = plain_images.copy()
     labels = rng.integers(0, 10, n).astype(np.int64)
-    data = {"images": plain_images, "started": None}
+    data = {"images": plain_images, "started": None, "cpu": 0.0}
 
     class DS(Dataset):
         def __len__(self):
@@ -63,31 +71,37 @@ def main() -> int:
 
         def __getitem__(self, i):
             if data["started"] is None:
-                data["started"] = time.perf_counter()
+                data["started"], data["cpu"] = time.perf_counter(), time.thread_time()
             x = data["images"][i].astype(np.float32) / 255.0
             return torch.from_numpy(x), int(labels[i])
 
     def collate(batch):
-        t0 = time.perf_counter()
+        # The worker's time for this batch travels with it: its samples (wall and CPU time:
+        # the CPU time leaves out the moments other processes had the core) and the collation.
+        t0, c0 = time.perf_counter(), time.thread_time()
         x, y = default_collate(batch)
         t1 = time.perf_counter()
-        made, data["started"] = t1 - data["started"], None
-        return x, y, made, t1 - t0
+        samples, samples_cpu, data["started"] = t0 - data["started"], c0 - data["cpu"], None
+        return x, y, samples, samples_cpu, t1 - t0
 
     loss_fn = torch.nn.CrossEntropyLoss()
+
+    def make_model(mode):
+        if args.workers_only:
+            return None
+        import torchvision
+
+        with torch.cuda.stream(streams[mode]):
+            torch.manual_seed(0)
+            m = torchvision.models.resnet18(num_classes=10).cuda()
+            return m, torch.optim.SGD(m.parameters(), lr=0.01)
 
     # Each mode trains a model of its own, alike at the start, on a CUDA stream of its own:
     # PyTorch's caching allocator never hands a block cached for one stream to another, so with
     # --torch everything the ump epochs allocate (model, gradients, activations, batches) lies in
     # segments PyTorch took from ump-alloc, as under UMP_ALLOC=1, and the plain epochs' in
     # PyTorch's own.
-    streams = {"plain": torch.cuda.Stream(), "ump": torch.cuda.Stream()}
-
-    def make_model(mode):
-        with torch.cuda.stream(streams[mode]):
-            torch.manual_seed(0)
-            m = torchvision.models.resnet18(num_classes=10).cuda()
-            return m, torch.optim.SGD(m.parameters(), lr=0.01)
+    streams = {} if args.workers_only else {"plain": torch.cuda.Stream(), "ump": torch.cuda.Stream()}
 
     models = {"plain": make_model("plain")}
     with ump_alloc.enabled(torch=args.torch):
@@ -109,22 +123,27 @@ def main() -> int:
         return dl
 
     def epoch(mode, seed):
+        """One epoch: seconds, and the workers' sample time (wall, CPU) and collation time."""
         dl = loader(mode, seed)
-        model, opt = models[mode]
-        torch.cuda.synchronize()
+        if not args.workers_only:
+            torch.cuda.synchronize()
         t = time.perf_counter()
-        made = coll = 0.0
-        with torch.cuda.stream(streams[mode]):
-            for x, y, m, c in dl:
-                made += m
+        samples = samples_cpu = coll = 0.0
+        with contextlib.nullcontext() if args.workers_only else torch.cuda.stream(streams[mode]):
+            for x, y, s_wall, s_cpu, c in dl:
+                samples += s_wall
+                samples_cpu += s_cpu
                 coll += c
+                if args.workers_only:
+                    continue
+                model, opt = models[mode]
                 x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
                 opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model(x), y)
-                loss.backward()
+                loss_fn(model(x), y).backward()
                 opt.step()
-        torch.cuda.synchronize()
-        return time.perf_counter() - t, made - coll, coll, float(loss.item())
+        if not args.workers_only:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t, samples, samples_cpu, coll
 
     order = ["plain", "ump"] if args.start == "plain" else ["ump", "plain"]
     got = {"plain": [], "ump": []}
@@ -133,10 +152,11 @@ def main() -> int:
         return ump_alloc.identify(ptr).kind
 
     for mode, images in (("plain", plain_images), ("ump", ump_images)):
-        print(f"{mode} epochs: dataset {kind(images)}, model {kind(next(models[mode][0].parameters()).data_ptr())}")
+        model = "none" if models[mode] is None else kind(next(models[mode][0].parameters()).data_ptr())
+        print(f"{mode} epochs: dataset {kind(images)}, model {model}")
     print(f"PyTorch on ump-alloc in ump epochs: {args.torch}; persistent_workers={args.persistent}, "
           f"pin_memory={args.pin}")
-    print(f"{'epoch':>5} {'mode':<6} {'s':>7} {'samples s':>10} {'collate s':>10}")
+    print(f"{'epoch':>5} {'mode':<6} {'s':>7} {'samples s':>10} {'(CPU s)':>8} {'collate s':>10}")
     for e in range(2 * args.epochs):
         mode = order[e % 2]
         if mode == "ump":
@@ -147,10 +167,12 @@ def main() -> int:
             data["images"] = plain_images
             r = epoch(mode, e // 2)
         if e >= 2:
-            got[mode].append(r[0])
-        print(f"{e:>5} {mode:<6} {r[0]:>7.3f} {r[1]:>10.3f} {r[2]:>10.3f}", flush=True)
-    p, u = statistics.median(got["plain"]), statistics.median(got["ump"])
+            got[mode].append(r)
+        print(f"{e:>5} {mode:<6} {r[0]:>7.3f} {r[1]:>10.3f} {r[2]:>8.3f} {r[3]:>10.3f}", flush=True)
+    p, u = (statistics.median(r[0] for r in got[m]) for m in ("plain", "ump"))
+    pc, uc = (statistics.median(r[2] for r in got[m]) for m in ("plain", "ump"))
     print(f"median epoch: plain {p:.3f} s, ump {u:.3f} s: ump / plain = {u / p:.3f}x")
+    print(f"median of the workers' sample CPU time: plain {pc:.3f} s, ump {uc:.3f} s: ump / plain = {uc / pc:.3f}x")
     return 0
 
 
