@@ -18,7 +18,6 @@ GPU_BENCHES = {
     "managed_residency_bench.py": ["--gib", "0.01", "--rounds", "1"],
     "host_pages_probe.py": ["--gib", "0.01", "--reps", "1"],
     "pageable_h2d_probe.py": ["x"],
-    "fork_worker_probe.py": ["--rounds", "1", "--samples", "256"],
     "dataloader_ab_probe.py": ["--epochs", "1"],
     "pinned_probe.py": ["--gib", "0.01", "--reps", "1"],
     "pipeline_bench.py": ["--mib", "1", "--iters", "1"],
