@@ -27,6 +27,19 @@ def gpu_or_skip(*modules: str) -> None:
         sys.exit(0)
 
 
+def label_or_skip(doc: str, *modules: str) -> str:
+    """The ``LABEL`` argument of a probe that is run once plain and once under ``UMP_ALLOC=1``
+    and prints it first on its result line (``doc``: the probe's docstring, for ``--help``);
+    then :func:`gpu_or_skip` with ``modules``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("label", help="printed first on the result line")
+    label = ap.parse_args().label
+    gpu_or_skip(*modules)
+    return label
+
+
 def ump_env(settings: dict) -> dict:
     """This process's environment without its ``UMP_ALLOC*`` settings (``UMP_ALLOC_LIBRARY``
     kept), plus ``settings``: the environment of one configuration's fresh interpreter."""

@@ -7,20 +7,16 @@ under ``UMP_ALLOC=1`` to compare. Needs a GPU and PyTorch.
     python benches/pageable_h2d_probe.py LABEL
 """
 
-import argparse
 import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _benchutil  # noqa: E402 - beside this script
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("label", help="printed first on the result line")
-    args = ap.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import _benchutil
-
-    _benchutil.gpu_or_skip("torch")
+    label = _benchutil.label_or_skip(__doc__, "torch")
     import torch
 
     x = torch.rand(256, 3, 64, 64).share_memory_()
@@ -40,7 +36,7 @@ def main() -> None:
     import ump_alloc
 
     kind = ump_alloc.identify(y.data_ptr()).kind if ump_alloc.is_enabled() else "-"
-    print(args.label, kind, f"pageable 12.6 MB H2D: median {ts[20]:.2f} ms [{ts[0]:.2f}-{ts[-1]:.2f}]")
+    print(label, kind, f"pageable 12.6 MB H2D: median {ts[20]:.2f} ms [{ts[0]:.2f}-{ts[-1]:.2f}]")
 
 
 if __name__ == "__main__":

@@ -8,22 +8,18 @@ kind of memory each array got. Needs a GPU, PyTorch and NumPy.
     UMP_ALLOC=1 python benches/torch_pipeline_phases_probe.py LABEL
 """
 
-import argparse
 import os
 import sys
 import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _benchutil  # noqa: E402 - beside this script
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("label", help="printed first on the result line")
-    args = ap.parse_args()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import _benchutil
-
-    _benchutil.gpu_or_skip("torch")
+    label = _benchutil.label_or_skip(__doc__, "torch")
     import torch
 
     n = 256 * 2**20 // 4
@@ -61,7 +57,7 @@ def main() -> None:
     if ump_alloc.is_enabled():
         info = {name: ump_alloc.identify(a).kind for name, a in (("raw", raw), ("h", h), ("r", r))}
     med = {k: sorted(v)[len(v) // 2] for k, v in ph.items()}
-    print(args.label, {k: round(v, 1) for k, v in med.items()}, "total", round(sum(med.values()), 1), info)
+    print(label, {k: round(v, 1) for k, v in med.items()}, "total", round(sum(med.values()), 1), info)
 
 
 if __name__ == "__main__":
