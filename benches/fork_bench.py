@@ -38,10 +38,26 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-FORK_WORKER = r'''
+# How both workers start: a GiB-sized array made and filled (timed: a pinned chunk is made,
+# populated and registered then), and the kind of memory it got.
+MAKE = r'''
 import json, os, sys, time
 import numpy as np
 
+def make(gib, dtype, value):
+    n = int(gib * 2**30) // 8
+    t = time.perf_counter()
+    a = np.empty(n, dtype)
+    a.fill(value)
+    made = time.perf_counter() - t
+    kind = "plain"
+    if "ump_alloc" in sys.modules:
+        import ump_alloc
+        kind = ump_alloc.identify(a).kind
+    return a, n, made, kind
+'''
+
+FORK_WORKER = MAKE + r'''
 def dirty():
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
@@ -50,18 +66,11 @@ def dirty():
     return -1.0
 
 gib, reps = float(sys.argv[1]), int(sys.argv[2])
-n = int(gib * 2**30) // 8
-t = time.perf_counter()
-a = np.empty(n, np.int64)
-a.fill(3)
-make_s = time.perf_counter() - t
-kind = "plain"
+a, n, make_s, kind = make(gib, np.int64, 3)
+rule = None
 if "ump_alloc" in sys.modules:
     import ump_alloc
-    kind = ump_alloc.identify(a).kind
     rule = ump_alloc.capabilities()["fork_shared"]
-else:
-    rule = None
 t = time.perf_counter(); a *= 3; mul_s = time.perf_counter() - t
 t = time.perf_counter(); s = int(a.sum()); sum_s = time.perf_counter() - t
 assert s == 9 * n
@@ -87,20 +96,9 @@ print(json.dumps({"kind": kind, "fork_shared": rule, "make_s": make_s, "mul_s": 
                   "sum_s": sum_s, "forks": forks}))
 '''
 
-NUMPY_WORKER = r'''
-import json, sys, time
-import numpy as np
-
+NUMPY_WORKER = MAKE + r'''
 gib, passes = float(sys.argv[1]), int(sys.argv[2])
-n = int(gib * 2**30) // 8
-t = time.perf_counter()
-a = np.empty(n, np.float64)
-a.fill(1.0)
-make_s = time.perf_counter() - t
-kind = "plain"
-if "ump_alloc" in sys.modules:
-    import ump_alloc
-    kind = ump_alloc.identify(a).kind
+a, n, make_s, kind = make(gib, np.float64, 1.0)
 mul, tot = [], []
 for _ in range(passes):
     t = time.perf_counter(); a *= 3; mul.append(time.perf_counter() - t)
