@@ -9,7 +9,10 @@ process); the configurations take turns, round after round, so drift hits them a
 Models (random data, fixed seeds, the same for every configuration):
 - resnet50: torchvision ResNet-50, batch 64 at 224x224, SGD, bf16 autocast;
 - gpt2: transformers' GPT-2 (6 layers, 768 wide, 12 heads, random weights; no download),
-  batch 8 x 512 tokens, AdamW, bf16 autocast.
+  batch 8 x 512 tokens, AdamW, bf16 autocast;
+- resnet18: torchvision ResNet-18, batch 256 at 64x64, float32, SGD: the DataLoader pipeline's
+  model and step (dataloader_fork_bench.py) without the loader, whose pace the host's kernel
+  launches set (not in the default set).
 
 Configurations:
 - plain: no ump-alloc;
@@ -89,7 +92,31 @@ def _gpt2(torch):
     return step, m
 
 
-MODELS = {"resnet50": _resnet50, "gpt2": _gpt2}
+def _resnet18(torch):
+    """The DataLoader pipeline's model and step (dataloader_fork_bench.py) without the loader:
+    float32, 256 images of 64x64, a step short enough that the host's launches set its pace."""
+    import torchvision
+
+    torch.manual_seed(0)
+    m = torchvision.models.resnet18(num_classes=10).cuda()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(256, 3, 64, 64, device="cuda", generator=g)
+    y = torch.randint(0, 10, (256,), device="cuda", generator=g)
+    lossf = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = lossf(m(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step, m
+
+
+MODELS = {"resnet50": _resnet50, "gpt2": _gpt2, "resnet18": _resnet18}
+STEPS_OF = {"resnet18": 200}  # short steps: more of them
 
 
 def run_one(model: str) -> dict:
@@ -105,12 +132,14 @@ def run_one(model: str) -> dict:
     for _ in range(WARMUP):
         step()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(STEPS):
+    steps = STEPS_OF.get(model, STEPS)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
         loss = step()
     torch.cuda.synchronize()
-    ms = (time.perf_counter() - t0) / STEPS * 1e3
-    out = {"model": model, "route": route, "ms_per_step": ms, "loss": float(loss)}
+    ms = (time.perf_counter() - t0) / steps * 1e3
+    cpu_ms = (time.process_time() - c0) / steps * 1e3  # every thread of the process
+    out = {"model": model, "route": route, "ms_per_step": ms, "cpu_ms_per_step": cpu_ms, "loss": float(loss)}
     if route in ("plain", "segments"):
         out["max_reserved"] = torch.cuda.max_memory_reserved()
     if route != "plain":
@@ -151,7 +180,7 @@ def main() -> None:
     from _benchutil import gpu_or_skip
 
     models = args.models.split(",")
-    gpu_or_skip("torch", "torchvision" if "resnet50" in models else "torch", "transformers" if "gpt2" in models else "torch")
+    gpu_or_skip("torch", "torchvision" if {"resnet50", "resnet18"} & set(models) else "torch", "transformers" if "gpt2" in models else "torch")
     configs = args.configs.split(",")
     runs = {(m, c): [] for m in models for c in configs}
     for rnd in range(args.rounds):
@@ -161,7 +190,8 @@ def main() -> None:
                 runs[(m, c)].append(run_in_child(m, c))
     import statistics as st
 
-    print(f"{'model':9} {'config':16} {'ms/step median':>14} {'min-max':>15} {'vs plain':>9} {'loss':>8} {'max reserved':>13} {'ump mapped peak':>16}")
+    print(f"{'model':9} {'config':16} {'ms/step median':>14} {'min-max':>15} {'vs plain':>9} {'CPU ms/step':>11} "
+          f"{'loss':>8} {'max reserved':>13} {'ump mapped peak':>16}")
     for m in models:
         base = st.median(r["ms_per_step"] for r in runs[(m, "plain")]) if (m, "plain") in runs else None
         for c in configs:
@@ -171,8 +201,9 @@ def main() -> None:
             rel = f"{med / base:.3f}x" if base else "-"
             res = rs[-1].get("max_reserved")
             ump = rs[-1].get("ump_mapped_peak")
+            cpu = st.median(r["cpu_ms_per_step"] for r in rs)
             print(
-                f"{m:9} {c:16} {med:14.2f} {min(t):7.2f}-{max(t):<7.2f} {rel:>9} {rs[-1]['loss']:8.4f} "
+                f"{m:9} {c:16} {med:14.2f} {min(t):7.2f}-{max(t):<7.2f} {rel:>9} {cpu:11.2f} {rs[-1]['loss']:8.4f} "
                 f"{(res or 0) / 2**20:10.0f} MiB {(ump or 0) / 2**20:13.0f} MiB"
             )
     if args.json:
