@@ -153,3 +153,23 @@ def test_sides_are_validated_and_shown():
     assert "device side (CuPy, PyTorch):  none" in r.stdout
     for var in ("UMP_ALLOC_HOST_SIDE", "UMP_ALLOC_DEVICE_SIDE", "UMP_ALLOC_PINNED_LIMIT"):
         assert var in r.stdout
+
+
+def test_capabilities_before_the_first_allocation_show_the_api_settings():
+    # ump_set_mode / ump_set_alignment before the first allocation are what init will use, and
+    # what ump_config_check judges: ump_capabilities must describe the same (it described the
+    # environment's request instead). The environment asks for a mode that fails without a GPU
+    # (and that differs from 'host' with one), the API for 'host'.
+    r = run_python(
+        "import ump_alloc\n"
+        "from ump_alloc import _lib\n"
+        "L = _lib.lib()\n"
+        "assert L.ump_set_mode(b'host') == 0 and L.ump_set_alignment(4096) == 0\n"
+        "c = ump_alloc.capabilities()\n"
+        "print(c['mode'], c['alignment'], c['host_side'], c['fork_shared'], L.ump_config_check())\n"
+        "print(c['mode_reason'])\n",
+        env={"UMP_ALLOC_MODE": "managed", "UMP_ALLOC_ALIGNMENT": "256"},
+    )
+    first, reason = r.stdout.splitlines()
+    assert first.split() == ["host", "4096", "host", "False", "0"], r.stdout
+    assert "not available" not in reason, reason

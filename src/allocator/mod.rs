@@ -122,6 +122,15 @@ pub fn caps() -> &'static MachineCaps {
     CAPS.get_or_init(cuda::probe)
 }
 
+/// The configuration [`init`] would use now: the environment's, with the settings made through
+/// the API (`set_mode` and the like) in force. Once initialised, the one in force.
+pub fn config() -> Result<Config> {
+    match STATE.get() {
+        Some(a) => Ok(a.config.clone()),
+        None => env_config().map(with_overrides),
+    }
+}
+
 /// The allocator if it is initialised.
 pub fn get() -> Option<&'static Allocator> {
     STATE.get()
@@ -203,7 +212,7 @@ pub fn check() -> Result<()> {
     if STATE.get().is_some() {
         return Ok(());
     }
-    let config = with_overrides(env_config()?);
+    let config = config()?;
     if host_side_without_caps(&config).is_some() {
         return Ok(());
     }
@@ -213,13 +222,15 @@ pub fn check() -> Result<()> {
 }
 
 /// The sides in force with the reason for each, or, before initialisation, those the
-/// configuration would select on this machine (nothing is fixed; the configuration's error
-/// when it is invalid or asks for what the machine cannot do).
+/// configuration would select on this machine, API settings included, as [`check`] judges it
+/// (nothing is fixed; the configuration's error when it is invalid or asks for what the
+/// machine cannot do).
 pub fn selection() -> Result<Selection> {
     match get() {
         Some(a) => Ok(a.gpu().selection.clone()),
-        None => env_config()
-            .and_then(|cfg| caps().select_sides(cfg.mode, cfg.host_side, cfg.device_side)),
+        None => {
+            config().and_then(|cfg| caps().select_sides(cfg.mode, cfg.host_side, cfg.device_side))
+        }
     }
 }
 
@@ -231,7 +242,7 @@ pub fn fork_rule() -> Option<(bool, String)> {
         return Some(a.host().fork_rule());
     }
     let side = selection().ok()?.sides.host;
-    let share = env_config().ok()?.pinned_fork == config::PinnedFork::Share;
+    let share = config().ok()?.pinned_fork == config::PinnedFork::Share;
     Some(crate::host::fork_rule(
         side,
         &RegisteredBacking::host_share(share),

@@ -134,7 +134,7 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
                 c.mode_fixed = true;
                 c.alignment = a.alignment;
             }
-            None => c.alignment = allocator::env_config().map_or(0, |cfg| cfg.alignment),
+            None => c.alignment = allocator::config().map_or(0, |cfg| cfg.alignment),
         }
         match allocator::selection() {
             Ok(sel) => {
