@@ -37,7 +37,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 WORKER = r'''
-import json, os, sys, time
+import json, os, resource, sys, time
 if os.environ.get("DL_BENCH_CPUS"):  # --cpus: this process and its workers on these CPUs only
     os.sched_setaffinity(0, {int(c) for c in os.environ["DL_BENCH_CPUS"].split(",")})
 import numpy as np
@@ -87,7 +87,6 @@ dl = DataLoader(DS(), batch_size=256, shuffle=True, generator=g, num_workers=4, 
 # --events: per batch, the loop's own time in the copy calls and in launching the step (host
 # clock), and the GPU's time for the copies and for the step (CUDA events, no synchronisation).
 marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(len(dl))] if events else []
-import resource
 
 def usage():  # this process's and its reaped children's (the workers of epochs done) CPU and faults
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -130,7 +129,7 @@ for e in range(epochs):
         b += 1
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t)
-    du = [b - a for a, b in zip(u0, usage())]
+    du = [after - before for before, after in zip(u0, usage())]
     gpu_h2d = sum(m[0].elapsed_time(m[1]) for m in marks[:b]) / 1e3 if events else None
     gpu_step = sum(m[1].elapsed_time(m[2]) for m in marks[:b]) / 1e3 if events else None
     split.append({"waiting_for_batches_s": wait, "h2d_s": h2d if phases or events else None,
