@@ -269,26 +269,53 @@ fn a_child_gets_zeroed_memory_where_the_parent_wrote_after_the_fork() {
     finish(&h, &[first, a.ptr]);
 }
 
+/// realloc frees the old block: one a child may read is never resized in place (a shrink
+/// would hand its tail out again, and the caller writes the resized block), small or large.
+/// Once the child is gone, blocks resize in place again.
 #[test]
-fn a_shrink_keeps_the_tail_a_child_may_read() {
+fn a_block_a_child_may_read_is_not_resized_in_place() {
     let _s = serial();
     let h = host(true);
     let keep = h.alloc(1000).unwrap().ptr;
     let big = h.alloc(8 * MIB).unwrap().ptr;
+    let small = h.alloc(1000).unwrap().ptr;
     fill(big, 8 * MIB, 11);
+    fill(small, 1000, 21);
     let go = Pipe::new();
     let child = fork_child(|| {
         go.recv();
-        holds(big, 8 * MIB, 11)
+        holds(big, 8 * MIB, 11) && holds(small, 1000, 21)
     });
-    let info = pool::lookup(big).unwrap();
-    assert_eq!(info.pool.resize_in_place(&info, MIB), Some(big));
+    let resize = |p: usize, n: usize| {
+        let info = pool::lookup(p).unwrap();
+        info.pool.resize_in_place(&info, n)
+    };
+    assert_eq!(resize(big, MIB), None, "a shrink moves");
+    assert_eq!(resize(big, 9 * MIB), None, "a growth moves");
+    assert_eq!(
+        resize(small, 1001),
+        None,
+        "a small block in its class moves"
+    );
+    // What realloc does instead: a new block, the old one freed (and held for the child).
+    let moved = h.alloc(MIB).unwrap().ptr;
+    pool::free_block(big).unwrap();
+    pool::free_block(small).unwrap();
     let other = h.alloc(7 * MIB).unwrap().ptr;
     assert!(other >= big + 8 * MIB || other + 7 * MIB <= big);
     fill(other, 7 * MIB, 12);
+    fill(moved, MIB, 13);
     go.send(1);
-    assert_eq!(wait(child), 0);
-    finish(&h, &[keep, big, other]);
+    assert_eq!(
+        wait(child),
+        0,
+        "the child read both blocks as they were at the fork"
+    );
+    // No child may read them any more: blocks resize in place again.
+    h.primary().release_held(true);
+    let again = h.alloc(8 * MIB).unwrap().ptr;
+    assert_eq!(resize(again, MIB), Some(again));
+    finish(&h, &[keep, moved, other, again]);
 }
 
 #[test]

@@ -75,6 +75,11 @@ static UNTRACKED: AtomicU64 = AtomicU64::new(0);
 static NEXT_REFRESH: AtomicU64 = AtomicU64::new(0);
 /// The descriptor holding the lock of the fork in progress (-1: none).
 static FORK_LOCK_FD: AtomicI32 = AtomicI32::new(-1);
+/// An open file description of the file made ahead for the next fork's lock (-1: none), so
+/// that a fork made while the process has no descriptor left is tracked all the same.
+static SPARE_FD: AtomicI32 = AtomicI32::new(-1);
+/// Times [`LIVE_MAX`] went down (children gone): held blocks can go back only after one.
+static DROPS: AtomicU64 = AtomicU64::new(0);
 static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
 
 fn now_ms() -> u64 {
@@ -120,10 +125,23 @@ fn the_file() -> std::result::Result<&'static File, &'static str> {
         Some(f) => f,
         None => {
             let _g = lock(&LOCK);
-            FILE.get_or_init(make)
+            let f = FILE.get_or_init(make);
+            if let Ok(f) = f {
+                make_spare(f);
+            }
+            f
         }
     };
     f.as_ref().map_err(String::as_str)
+}
+
+/// Open the next fork's lock description ahead, if there is none (under [`LOCK`]).
+fn make_spare(f: &File) {
+    if SPARE_FD.load(Ordering::Relaxed) < 0
+        && let Some(fd) = file::reopen(f.fd)
+    {
+        SPARE_FD.store(fd, Ordering::Relaxed);
+    }
 }
 
 /// Whether pinned memory can be shared pages here; if not, why (the host side then copies
@@ -224,8 +242,17 @@ pub fn live_max() -> u64 {
     LIVE_MAX.load(Ordering::Relaxed)
 }
 
+/// How many times [`live_max`] went down so far: blocks held back for children can go back
+/// only after it changed (a pool looks at its held blocks again only then).
+#[inline]
+pub fn drops() -> u64 {
+    DROPS.load(Ordering::Acquire)
+}
+
 /// Look at the children's locks again (unless `force`, at most every [`REFRESH_MS`]) and
-/// lower [`live_max`] to the newest generation with a live child. Returns `live_max()`.
+/// lower [`live_max`] to the newest generation with a live child. Returns `live_max()` as it
+/// was then: a fork may raise it as soon as this returns, so a caller deciding what to give
+/// back reads [`live_max`] again under a lock that keeps forks out (a pool's).
 pub fn refresh(force: bool) -> u64 {
     let cur = LIVE_MAX.load(Ordering::Relaxed);
     if cur == 0 {
@@ -255,7 +282,9 @@ pub fn refresh(force: bool) -> u64 {
         }
     }
     let live = live.max(UNTRACKED.load(Ordering::Relaxed));
-    LIVE_MAX.store(live, Ordering::Relaxed);
+    if live < LIVE_MAX.swap(live, Ordering::Relaxed) {
+        DROPS.fetch_add(1, Ordering::Release);
+    }
     live
 }
 
@@ -269,7 +298,15 @@ pub(crate) fn fork_prepare(held: &mut crate::prim::fork::Held) {
     let live = lock(&f.live);
     if f.owner.load(Ordering::Relaxed) && !live.is_empty() {
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed) + 1;
-        match file::reopen(f.fd) {
+        // The description opened ahead, else a new one (past the soft descriptor limit if
+        // need be): the child's lock needs one of its own.
+        let spare = SPARE_FD.swap(-1, Ordering::Relaxed);
+        let fd = if spare >= 0 {
+            Some(spare)
+        } else {
+            file::reopen_past_limit(f.fd)
+        };
+        match fd {
             Some(fd) if file::read_lock(fd, generation) => {
                 FORK_LOCK_FD.store(fd, Ordering::Relaxed);
             }
@@ -280,8 +317,9 @@ pub(crate) fn fork_prepare(held: &mut crate::prim::fork::Held) {
                 // Its liveness cannot be seen: what it may read is held back for good.
                 UNTRACKED.fetch_max(generation, Ordering::Relaxed);
                 os::write_stderr(
-                    "ump-alloc: warning: cannot track a fork() child (no /proc/self/fd or no \
-                     descriptor left); pinned blocks it may read stay held back\n",
+                    "ump-alloc: warning: cannot track a fork() child (no /proc/self/fd, or no \
+                     file descriptor left even past the soft limit); pinned blocks it may read \
+                     stay held back for the life of this process\n",
                 );
             }
         }
@@ -294,19 +332,29 @@ pub(crate) fn fork_prepare(held: &mut crate::prim::fork::Held) {
 }
 
 /// In the parent after `fork()` (or after a failed fork): the child holds the lock now.
+/// The next fork's description is opened ahead while descriptors are free.
 pub(crate) fn fork_parent() {
     let fd = FORK_LOCK_FD.swap(-1, Ordering::Relaxed);
     if fd >= 0 {
         file::close(fd);
+        if let Some(Ok(f)) = FILE.get() {
+            make_spare(f);
+        }
     }
 }
 
 /// In the child after `fork()`, with every allocator lock free again and no other thread:
 /// map the owner's live chunks again, private, from the file.
 pub(crate) fn fork_child() {
-    // The lock's descriptor stays open for the child's whole life.
+    // The lock's descriptor stays open for the child's whole life; the parent's spare is
+    // the parent's (a child makes no generations: it does not own the file).
     FORK_LOCK_FD.store(-1, Ordering::Relaxed);
+    let spare = SPARE_FD.swap(-1, Ordering::Relaxed);
+    if spare >= 0 {
+        file::close(spare);
+    }
     LIVE_MAX.store(0, Ordering::Relaxed);
+    DROPS.fetch_add(1, Ordering::Release);
     UNTRACKED.store(0, Ordering::Relaxed);
     let Some(Ok(f)) = FILE.get() else { return };
     if !f.owner.swap(false, Ordering::Relaxed) {

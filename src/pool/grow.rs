@@ -53,12 +53,15 @@ impl Pool {
         if sp.state.load(Ordering::Acquire) != SPAN_USED || sp.start() != base {
             return None;
         }
+        if sp.born.load(Ordering::Relaxed) < crate::backing::shared::live_max() {
+            // realloc frees the old block, and a fork child may read it: the block moves
+            // (the caller copies), and the old one is held back when it is freed (`hold`).
+            return None;
+        }
         let len = sp.len();
         let want = n.next_multiple_of(GRANULE);
         let at = if want <= len {
-            if sp.born.load(Ordering::Relaxed) < crate::backing::shared::live_max() {
-                // A fork child may read the whole block: its tail is not given back.
-            } else if !(sp.is_whole_chunk() && self.shrink_chunk(&mut lg, sp, want)) {
+            if !(sp.is_whole_chunk() && self.shrink_chunk(&mut lg, sp, want)) {
                 self.shrink_span(&mut lg, sp, want);
             }
             Some(base)

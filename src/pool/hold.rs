@@ -75,8 +75,19 @@ impl Pool {
         if self.stats.fork_held_blocks.load(Ordering::Relaxed) == 0 {
             return 0;
         }
-        let live = shared::refresh(force);
-        let still = |born: u64| born < live;
+        // Lowers `live_max` where children have gone. The value it returns is not used: a
+        // fork may come between this call and the locks below and raise `live_max` for blocks
+        // held since (a stale value would hand them back while that child reads them). Under a
+        // lock of this pool no fork can begin (fork's prepare takes them all before it opens a
+        // generation), so `live_max` read under it holds until the lock is dropped.
+        shared::refresh(force);
+        // A block was held because `live_max` was above its generation; only a drop of
+        // `live_max` since the last look can have freed one.
+        let drops = shared::drops();
+        if self.held_seen.swap(drops, Ordering::AcqRel) == drops && !force {
+            return 0;
+        }
+        let still = |born: u64| born < shared::live_max();
         let mut freed = 0;
         {
             let mut lg = lock(&self.large);

@@ -197,6 +197,9 @@ pub struct Pool {
     /// Freed blocks a fork child may still read are held back (pages shared with fork
     /// children: see `hold`).
     fork_hold: std::sync::atomic::AtomicBool,
+    /// `shared::drops()` when the held blocks were last looked at: none can go back before it
+    /// changes (see `hold`).
+    held_seen: AtomicU64,
     /// The pool that shares this one's counters and limit, if any (`share_limit_with`).
     peer: std::sync::OnceLock<&'static Pool>,
     /// The host side's primary pool (`mark_host_primary`): the pool small allocations of the
@@ -406,6 +409,7 @@ impl Pool {
             page,
             purge_due: AtomicU64::new(0),
             fork_hold,
+            held_seen: AtomicU64::new(0),
             peer: std::sync::OnceLock::new(),
             host_primary: AtomicBool::new(false),
         }))
@@ -672,8 +676,11 @@ impl Pool {
         }
         match entry_at(info.base)? {
             Entry::Slab(s) => {
-                let fits =
-                    n <= info.capacity && n <= SMALL_MAX && self.table.class_of(n) == s.class;
+                // realloc frees the old block: one a fork child may read moves (`hold`).
+                let fits = n <= info.capacity
+                    && n <= SMALL_MAX
+                    && self.table.class_of(n) == s.class
+                    && !s.held_for_children();
                 if fits && s.resize(info.base, n) {
                     self.stats.on_resize(info.size, n);
                     return Some(info.base);

@@ -104,6 +104,15 @@ impl Slab {
         self.base.load(Ordering::Relaxed) + i * self.slot
     }
 
+    /// Whether a fork child that may still live could read this slab's blocks (it had blocks
+    /// out at that fork): they are held back when freed, and never resized in place (see
+    /// `hold`).
+    #[inline(always)]
+    pub(super) fn held_for_children(&self) -> bool {
+        let live = crate::backing::shared::live_max();
+        live != 0 && self.born.load(Ordering::Relaxed) < live
+    }
+
     /// A block of this slab was handed out.
     #[inline]
     fn on_handed_out(&self) {

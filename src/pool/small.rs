@@ -131,8 +131,7 @@ impl Pool {
             return Err(double_free(ptr));
         }
         let n = w as usize - 1;
-        let live = crate::backing::shared::live_max();
-        if live != 0 && s.born.load(Ordering::Relaxed) < live {
+        if s.held_for_children() {
             // A fork child may still read it.
             return self.hold_slot(s, idx as u32, n);
         }
@@ -165,9 +164,9 @@ impl Pool {
         s: &'static Slab,
         ptr: usize,
     ) -> Option<Result<usize>> {
-        // While a fork child may read this process's shared pages, a freed slot may have to
-        // be held back for it (`free_small` decides): not this path's business.
-        if crate::backing::shared::live_max() != 0 {
+        // A slot of a slab that had blocks out at a fork whose child may live must be held
+        // back for it (`free_small` does that): not this path's business.
+        if s.held_for_children() {
             return None;
         }
         let c = tcache::mine(self)?;
@@ -204,6 +203,10 @@ impl Pool {
         ptr: usize,
         n: usize,
     ) -> Option<usize> {
+        // realloc frees the old block: one a fork child may read moves (`realloc` copies).
+        if s.held_for_children() {
+            return None;
+        }
         let c = tcache::mine(self)?;
         let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
         if n > SMALL_MAX || off >= s.bytes() || self.table.class_of(n) != s.class {

@@ -48,6 +48,35 @@ pub fn reopen(fd: Fd) -> Option<Fd> {
     (new >= 0).then_some(new)
 }
 
+/// [`reopen`], and where the process is at its soft limit of descriptors (`RLIMIT_NOFILE`)
+/// but below the hard one, once more with the soft limit raised by one for the call (then set
+/// back: a descriptor opened meanwhile stays open).
+pub fn reopen_past_limit(fd: Fd) -> Option<Fd> {
+    if let Some(new) = reopen(fd) {
+        return Some(new);
+    }
+    // SAFETY: all-zero is a valid `rlimit`; getrlimit fills it.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0
+        || lim.rlim_cur >= lim.rlim_max
+    {
+        return None;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: lim.rlim_cur + 1,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: valid pointer; a soft limit below the hard one is always accepted.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        return None;
+    }
+    let new = reopen(fd);
+    // SAFETY: as above, the limit it had.
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    new
+}
+
 /// Close a descriptor of ours (errors are ignored).
 pub fn close(fd: Fd) {
     // SAFETY: the caller owns `fd`.
