@@ -146,8 +146,8 @@ driver_table! {
 /// The driver, or why there is none.
 static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
 
-/// Serialises loading the driver and retaining primary contexts, so that no initialisation is
-/// half done when the process forks (`fork_lock_load`).
+/// Serialises loading the driver, so that it is never half loaded when the process forks
+/// (`fork_lock_load`). Primary contexts are retained without it (see `primary_context`).
 static LOAD: Mutex<()> = Mutex::new(());
 
 /// Fork: the loader lock (early in the order: probing nests it inside the allocator's init).
@@ -269,10 +269,12 @@ fn primary_context(d: &Driver, device: i32) -> Result<CUcontext> {
     if let Some(&c) = slot.get() {
         return Ok(c as CUcontext);
     }
-    let _g = lock(&LOAD);
-    if let Some(&c) = slot.get() {
-        return Ok(c as CUcontext);
-    }
+    // No lock of ours is held here, and none is waited for: pools call this with their own
+    // locks held (a chunk is mapped under them), and `fork`'s prepare takes those after the
+    // loader lock, so taking the loader lock here could deadlock with a fork. Two threads may
+    // both retain the context; the second reference is kept, as the first is, for the life of
+    // the process. A fork in the middle leaves nothing half done that its child uses: a fork
+    // child of a process with the driver loaded makes no driver call (`fork_poisoned`).
     let mut dev: CUdevice = 0;
     // SAFETY: valid out-pointer; ordinal checked above.
     check(
@@ -287,7 +289,8 @@ fn primary_context(d: &Driver, device: i32) -> Result<CUcontext> {
         unsafe { (d.cuDevicePrimaryCtxRetain)(&mut ctx, dev) },
         "cuDevicePrimaryCtxRetain",
     )?;
-    Ok(*slot.get_or_init(|| ctx as usize) as CUcontext)
+    let _ = slot.set(ctx as usize);
+    Ok(slot.get().map_or(ctx, |&c| c as CUcontext))
 }
 
 /// Run `f` with device `device`'s primary context current, restoring the caller's afterwards.
