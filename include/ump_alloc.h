@@ -875,20 +875,32 @@ int ump_torch_attach(const char *libtorch_cuda, int *oom_error);
 // slots of `libc10_cuda` (the path of the `libc10_cuda.so` that `import torch` loaded; it is
 // not loaded here) at ump-alloc, so that PyTorch's caching allocator maps every new segment
 // from the device side's pools, on every device, thread and stream, and keeps all of its own
-// machinery. Segments PyTorch made before stay its own and are freed through CUDA. Calling it
-// again while hooked does nothing. Returns `UMP_OK`; `UMP_ERR_UNSUPPORTED` (with the reason
-// in `ump_last_error()`, nothing changed) when that library is not loaded, does not import
-// both functions through slots, or its CUDA runtime cannot be found; `UMP_ERR_NULL` for a
-// NULL path.
+// machinery. Segments PyTorch made before stay its own and are freed through CUDA. What
+// ump-alloc does not serve goes to the function each slot held (an interposer of
+// `cudaMalloc` loaded before, such as an `LD_PRELOAD`ed one, is chained to, not bypassed;
+// `ump_torch_segments_target` names it). The library stays loaded from then on, whatever
+// `dlclose` calls follow, and each slot's page keeps its protection. Calling it again while
+// hooked does nothing (the slots are checked to still hold the hook). Returns `UMP_OK`;
+// `UMP_ERR_UNSUPPORTED` (with the reason in `ump_last_error()`, nothing changed) when that
+// library is not loaded, does not import both functions through slots, or its CUDA runtime
+// cannot be found; `UMP_ERR_NULL` for a NULL path.
 //
 // # Safety
 // `libc10_cuda` is NULL or a NUL-terminated string.
 int ump_torch_hook_segments(const char *libc10_cuda);
 
 // Stop supplying PyTorch's new segments (`ump_alloc.disable()`): `cudaMalloc` goes back to
-// CUDA's; `cudaFree` stays ump-alloc's, so segments PyTorch still caches from ump-alloc go
-// back to their pools when it frees them. Returns `UMP_OK` (also when not hooked).
+// the function it forwarded to; `cudaFree` stays ump-alloc's, so segments PyTorch still
+// caches from ump-alloc go back to their pools when it frees them. A slot that no longer
+// holds ump-alloc's function (written by someone else since) is left as it is. Returns
+// `UMP_OK` (also when not hooked); on failure nothing is forgotten: the route stays hooked.
 int ump_torch_unhook_segments(void);
+
+// The file of the `cudaMalloc` that PyTorch's segments route hands requests ump-alloc does
+// not serve to (the CUDA runtime's, or an interposer's that was in the slot before), as a
+// NUL-terminated path valid for the life of the process; NULL when the route was never
+// hooked.
+const char *ump_torch_segments_target(void);
 
 // 1 while PyTorch's segments come from ump-alloc (`ump_torch_hook_segments` succeeded and
 // `ump_torch_unhook_segments` was not called since), else 0.

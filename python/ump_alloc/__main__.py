@@ -76,7 +76,9 @@ def _torch_route() -> None:
         return
     if route == "segments":
         print("PyTorch route: segments (UMP_ALLOC_TORCH_ROUTE): PyTorch keeps its own caching allocator and")
-        print("  ump-alloc supplies its segments; every torch.cuda feature works as without ump-alloc")
+        print("  ump-alloc supplies its segments; every torch.cuda feature works as without ump-alloc;")
+        print("  a cudaMalloc interposer loaded before PyTorch (LD_PRELOAD) is chained to, not bypassed")
+        print("  (ump_alloc.memory_summary() names it in the program)")
     else:
         print("PyTorch route: swap (UMP_ALLOC_TORCH_ROUTE=swap): ump-alloc replaces PyTorch's allocator")
         print("  (before the first CUDA tensor only); on this route these raise:")

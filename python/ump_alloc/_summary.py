@@ -109,6 +109,10 @@ def memory_summary() -> str:
             if p["retired"]:
                 name += " (retired)"
             pool_row(f"  stream {name}", p, _size(p["mapped"] - p["cached"]))
+    from . import _torch
+
+    if _torch.active():
+        rows.append((f"PyTorch: {_torch.route()} route: {_torch.reason()}", None))
     w = max([len(r[0]) for r in rows if r[1] is not None] + [30])
     cw = max([len(c) for c in COLUMNS] + [len(c) for _, cells in rows if cells is not None for c in cells])
     line = "=" * (w + 3 + (cw + 3) * len(COLUMNS))

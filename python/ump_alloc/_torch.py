@@ -112,7 +112,7 @@ def install(route: str | None = None, fast_cpu: bool | None = None, unified: boo
             _state.update(
                 route="segments",
                 reason="PyTorch's caching allocator maps its segments from ump-alloc "
-                "(libc10_cuda's cudaMalloc/cudaFree)",
+                "(libc10_cuda's cudaMalloc/cudaFree)" + _chained(),
             )
         else:
             _fall_back(torch, why)
@@ -167,6 +167,22 @@ def _hook(torch) -> str | None:
     if rc != _lib.OK:
         return _lib.last_error() or "ump_torch_hook_segments failed"
     return None
+
+
+def segments_target() -> str | None:
+    """The file of the ``cudaMalloc`` the segments route hands what ump-alloc does not serve to
+    (the CUDA runtime's, or an interposer's that held the slot before), or None if the route
+    was never hooked."""
+    t = _lib.lib().ump_torch_segments_target()
+    return t.decode() if t else None
+
+
+def _chained() -> str:
+    """Where requests ump-alloc does not serve go, when that is not the CUDA runtime."""
+    t = segments_target()
+    if t is None or os.path.basename(t).startswith("libcudart"):
+        return ""
+    return f"; requests it does not serve go to the cudaMalloc of {t} (loaded before PyTorch: chained to, not bypassed)"
 
 
 def _fall_back(torch, why: str) -> None:

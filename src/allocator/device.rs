@@ -49,19 +49,23 @@ pub fn segment_malloc(n: usize) -> Result<Option<usize>> {
     Ok(Some(block.ptr))
 }
 
-/// PyTorch's `cudaFree` of a segment: `Ok(false)` when `ptr` is not a block of ours (the
-/// caller hands it to CUDA). A segment of ours goes back to its pool once the device's queued
-/// work is done, as `cudaFree` waits for it: PyTorch reuses a freed segment's memory without
-/// ordering it after the streams that last used it.
+/// PyTorch's `cudaFree` of a segment: `Ok(false)` when `ptr` lies outside every range of
+/// ump-alloc (the caller hands it to CUDA). A segment of ours goes back to its pool once the
+/// device's queued work is done, as `cudaFree` waits for it: PyTorch reuses a freed segment's
+/// memory without ordering it after the streams that last used it. Any other address inside
+/// ump-alloc's ranges (a segment freed already, an address inside one, host memory) is an
+/// error and never reaches CUDA, whose `cudaFree` would release driver memory ump-alloc still
+/// holds.
 pub fn segment_free(ptr: usize) -> Result<bool> {
-    let info = match pool::lookup(ptr) {
-        Some(info) if info.pool.device() >= 0 => info,
-        _ => return Ok(false),
-    };
-    if info.base != ptr {
+    let entry = pool::entry_at(ptr);
+    if entry.is_none() {
+        return Ok(false);
+    }
+    let (_, info) = block_of(entry, ptr).map_err(|e| e.context(&format!("cudaFree({ptr:#x})")))?;
+    if info.pool.device() < 0 {
         return Err(Error::invalid(format!(
-            "cudaFree({ptr:#x}): the address points inside the segment at {:#x}",
-            info.base
+            "cudaFree({ptr:#x}): the address is a block of ump-alloc's host side, not a device \
+             segment"
         )));
     }
     cuda::device_synchronize(info.pool.device())?;

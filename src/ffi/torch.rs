@@ -211,6 +211,11 @@ unsafe extern "C" fn segment_malloc(out: *mut *mut c_void, size: usize) -> c_int
     if out.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    if size == 0 {
+        // CUDA's own answer to an empty request (no memory), whatever it is.
+        // SAFETY: CUDA's own function, with PyTorch's arguments.
+        return unsafe { real_malloc()(out, size) };
+    }
     let r = guard(
         "cudaMalloc (PyTorch segment)",
         Err(()),
@@ -257,15 +262,68 @@ unsafe extern "C" fn segment_free(ptr: *mut c_void) -> c_int {
     }
 }
 
+/// The function a slot importing `symbol` is swapped to while hooked.
+fn hook_of(symbol: &str) -> usize {
+    if symbol == "cudaFree" {
+        segment_free as CudaFree as usize
+    } else {
+        segment_malloc as CudaMalloc as usize
+    }
+}
+
+fn hook_for(slot: &elf::Slot) -> usize {
+    hook_of(&slot.symbol)
+}
+
+/// The function the hook hands `symbol` on to: what the library's slot resolved to, if it
+/// was resolved and is not the library's own (an interposer such as an `LD_PRELOAD`ed
+/// `cudaMalloc` is chained to, not bypassed); else such an interposer in the global scope;
+/// else the function of the CUDA runtime the library links.
+fn forward_target(imports: &elf::Imports, own: &str, symbol: &str) -> Option<usize> {
+    let foreign =
+        |v: usize| v != 0 && v != hook_of(symbol) && elf::object_of(v).is_some_and(|o| o != own);
+    let bound = imports
+        .slots
+        .iter()
+        .filter(|s| s.symbol == symbol)
+        .map(elf::Slot::get)
+        .find(|&v| foreign(v));
+    let runtime = || {
+        imports
+            .needed
+            .iter()
+            .filter(|n| n.starts_with("libcudart"))
+            .find_map(|n| elf::resolve(n, symbol))
+    };
+    let interposer = || {
+        elf::resolve_global(symbol).filter(|&v| {
+            foreign(v)
+                && elf::object_of(v).is_some_and(|o| {
+                    !std::path::Path::new(&o)
+                        .file_name()
+                        .is_some_and(|f| f.to_string_lossy().starts_with("libcudart"))
+                })
+        })
+    };
+    bound.or_else(interposer).or_else(runtime)
+}
+
+/// Where the hook hands on what ump-alloc does not serve, while hooked (a leaked string).
+static FORWARD: AtomicUsize = AtomicUsize::new(0);
+
 /// Supply PyTorch's segments (the default route): point the `cudaMalloc` and `cudaFree` import
 /// slots of `libc10_cuda` (the path of the `libc10_cuda.so` that `import torch` loaded; it is
 /// not loaded here) at ump-alloc, so that PyTorch's caching allocator maps every new segment
 /// from the device side's pools, on every device, thread and stream, and keeps all of its own
-/// machinery. Segments PyTorch made before stay its own and are freed through CUDA. Calling it
-/// again while hooked does nothing. Returns `UMP_OK`; `UMP_ERR_UNSUPPORTED` (with the reason
-/// in `ump_last_error()`, nothing changed) when that library is not loaded, does not import
-/// both functions through slots, or its CUDA runtime cannot be found; `UMP_ERR_NULL` for a
-/// NULL path.
+/// machinery. Segments PyTorch made before stay its own and are freed through CUDA. What
+/// ump-alloc does not serve goes to the function each slot held (an interposer of
+/// `cudaMalloc` loaded before, such as an `LD_PRELOAD`ed one, is chained to, not bypassed;
+/// `ump_torch_segments_target` names it). The library stays loaded from then on, whatever
+/// `dlclose` calls follow, and each slot's page keeps its protection. Calling it again while
+/// hooked does nothing (the slots are checked to still hold the hook). Returns `UMP_OK`;
+/// `UMP_ERR_UNSUPPORTED` (with the reason in `ump_last_error()`, nothing changed) when that
+/// library is not loaded, does not import both functions through slots, or its CUDA runtime
+/// cannot be found; `UMP_ERR_NULL` for a NULL path.
 ///
 /// # Safety
 /// `libc10_cuda` is NULL or a NUL-terminated string.
@@ -275,8 +333,12 @@ pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> 
         // SAFETY: NULL or a NUL-terminated string, per the contract.
         let path = unsafe { path_arg(libc10_cuda, "libc10_cuda") }?;
         let mut slots = lock(&SLOTS);
-        if slots.is_some() {
-            return Ok(());
+        if let Some(v) = slots.as_ref() {
+            if v.iter().all(|s| s.get() == hook_for(s)) {
+                return Ok(());
+            }
+            // Something else wrote the slots since: hook them again from scratch.
+            *slots = None;
         }
         allocator::init()?;
         let imports = elf::imports(path, &["cudaMalloc", "cudaFree"])?;
@@ -288,22 +350,34 @@ pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> 
                 imports.path
             )));
         }
-        let resolve = |name: &str| {
-            imports
-                .needed
-                .iter()
-                .filter(|n| n.starts_with("libcudart"))
-                .find_map(|n| elf::resolve(n, name))
-        };
-        let (Some(m), Some(f)) = (resolve("cudaMalloc"), resolve("cudaFree")) else {
+        let own = std::fs::canonicalize(&imports.path)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| imports.path.clone());
+        let (Some(m), Some(f)) = (
+            forward_target(&imports, &own, "cudaMalloc"),
+            forward_target(&imports, &own, "cudaFree"),
+        ) else {
             return Err(Error::unsupported(format!(
                 "the CUDA runtime {} links ({}) is not loaded or lacks cudaMalloc/cudaFree",
                 imports.path,
                 imports.needed.join(", ")
             )));
         };
+        // Slots that may vanish must not be swapped: the library stays loaded from now on.
+        if !elf::keep_loaded(&imports.path) {
+            return Err(Error::unsupported(format!(
+                "{} could not be kept loaded",
+                imports.path
+            )));
+        }
         REAL_MALLOC.store(m, Ordering::Release);
         REAL_FREE.store(f, Ordering::Release);
+        let target = elf::object_of(m).unwrap_or_else(|| format!("{m:#x}"));
+        let target = std::ffi::CString::new(target).unwrap_or_default();
+        FORWARD.store(
+            Box::leak(target.into_boxed_c_str()).as_ptr() as usize,
+            Ordering::Release,
+        );
         // cudaFree first: from then on every segment of ours can be freed, whichever
         // function made it.
         let mut done = Vec::new();
@@ -313,19 +387,14 @@ pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> 
             .filter(|s| s.symbol == "cudaFree")
             .chain(imports.slots.iter().filter(|s| s.symbol == "cudaMalloc"));
         for slot in order {
-            let hook = if slot.symbol == "cudaFree" {
-                segment_free as CudaFree as usize
-            } else {
-                segment_malloc as CudaMalloc as usize
-            };
-            // SAFETY: `hook` has the C signature of the function the slot imports and lives
+            // SAFETY: the hook has the C signature of the function the slot imports and lives
             // as long as this library (which is never unloaded: Python keeps it).
-            match unsafe { elf::swap(slot, hook) } {
+            match unsafe { elf::swap(slot, hook_for(slot)) } {
                 Ok(_) => done.push(slot.clone()),
                 Err(e) => {
                     for s in &done {
                         let real = if s.symbol == "cudaFree" { f } else { m };
-                        // SAFETY: CUDA's own function back in its slot.
+                        // SAFETY: the function the slot forwarded to, back in its slot.
                         let _ = unsafe { elf::swap(s, real) };
                     }
                     return Err(e);
@@ -338,20 +407,36 @@ pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> 
 }
 
 /// Stop supplying PyTorch's new segments (`ump_alloc.disable()`): `cudaMalloc` goes back to
-/// CUDA's; `cudaFree` stays ump-alloc's, so segments PyTorch still caches from ump-alloc go
-/// back to their pools when it frees them. Returns `UMP_OK` (also when not hooked).
+/// the function it forwarded to; `cudaFree` stays ump-alloc's, so segments PyTorch still
+/// caches from ump-alloc go back to their pools when it frees them. A slot that no longer
+/// holds ump-alloc's function (written by someone else since) is left as it is. Returns
+/// `UMP_OK` (also when not hooked); on failure nothing is forgotten: the route stays hooked.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_torch_unhook_segments() -> c_int {
     status("ump_torch_unhook_segments", || {
         let mut slots = lock(&SLOTS);
-        if let Some(v) = slots.take() {
+        if let Some(v) = slots.as_ref() {
             let real = REAL_MALLOC.load(Ordering::Acquire);
             for s in v.iter().filter(|s| s.symbol == "cudaMalloc") {
-                // SAFETY: CUDA's own cudaMalloc back in its slot.
-                unsafe { elf::swap(s, real) }?;
+                if s.get() == hook_for(s) {
+                    // SAFETY: the function cudaMalloc forwarded to, back in its slot.
+                    unsafe { elf::swap(s, real) }?;
+                }
             }
+            *slots = None;
         }
         Ok(())
+    })
+}
+
+/// The file of the `cudaMalloc` that PyTorch's segments route hands requests ump-alloc does
+/// not serve to (the CUDA runtime's, or an interposer's that was in the slot before), as a
+/// NUL-terminated path valid for the life of the process; NULL when the route was never
+/// hooked.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_torch_segments_target() -> *const c_char {
+    guard("ump_torch_segments_target", std::ptr::null(), || {
+        FORWARD.load(Ordering::Acquire) as *const c_char
     })
 }
 

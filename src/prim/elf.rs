@@ -69,8 +69,6 @@ const R_JUMP_SLOT: u32 = 1026;
 pub struct Slot {
     pub symbol: String,
     pub addr: usize,
-    /// The word lies in the library's RELRO segment (read-only once the loader is done).
-    relro: bool,
 }
 
 impl Slot {
@@ -162,15 +160,6 @@ fn read_imports(info: &libc::dl_phdr_info, name: &str, symbols: &[&str]) -> Resu
         .iter()
         .find(|p| p.p_type == libc::PT_DYNAMIC)
         .ok_or_else(|| Error::unsupported(format!("{name} has no dynamic section")))?;
-    let relro = phdrs
-        .iter()
-        .find(|p| p.p_type == libc::PT_GNU_RELRO)
-        .map(|p| {
-            (
-                bias + p.p_vaddr as usize,
-                bias + (p.p_vaddr + p.p_memsz) as usize,
-            )
-        });
     let (mut strtab, mut strsz, mut symtab) = (0usize, 0usize, 0usize);
     let (mut rela, mut relasz, mut jmprel, mut pltrelsz, mut pltrel) = (0, 0, 0, 0, DT_RELA);
     let mut needed_offsets = Vec::new();
@@ -208,7 +197,6 @@ fn read_imports(info: &libc::dl_phdr_info, name: &str, symbols: &[&str]) -> Resu
         Some(s.to_string_lossy().into_owned())
     };
     let needed = needed_offsets.into_iter().filter_map(string).collect();
-    let page = crate::prim::os::page_size();
     let mut slots = Vec::new();
     for (table, size) in [(jmprel, pltrelsz), (rela, relasz)] {
         if table == 0 {
@@ -230,15 +218,9 @@ fn read_imports(info: &libc::dl_phdr_info, name: &str, symbols: &[&str]) -> Resu
             if !symbols.contains(&sname.as_str()) {
                 continue;
             }
-            let addr = bias + r.offset as usize;
-            let page_start = addr & !(page - 1);
-            let in_relro = relro.is_some_and(|(lo, hi)| {
-                page_start >= (lo & !(page - 1)) && page_start + page <= (hi & !(page - 1))
-            });
             slots.push(Slot {
                 symbol: sname,
-                addr,
-                relro: in_relro,
+                addr: bias + r.offset as usize,
             });
         }
     }
@@ -249,8 +231,9 @@ fn read_imports(info: &libc::dl_phdr_info, name: &str, symbols: &[&str]) -> Resu
     })
 }
 
-/// Store `value` in `slot` and return what it held. Slots in RELRO pages are made writable
-/// for the store and read-only again.
+/// Store `value` in `slot` and return what it held. A page that is not writable now (RELRO
+/// after the loader protected it, as full-RELRO programs have it) is made writable for the
+/// store and given back exactly the protection it had.
 ///
 /// # Safety
 /// `value` is a function with the signature the library expects for `slot.symbol` that stays
@@ -259,10 +242,17 @@ fn read_imports(info: &libc::dl_phdr_info, name: &str, symbols: &[&str]) -> Resu
 pub unsafe fn swap(slot: &Slot, value: usize) -> Result<usize> {
     let page = crate::prim::os::page_size();
     let start = (slot.addr & !(page - 1)) as *mut c_void;
-    if slot.relro {
-        // SAFETY: a page of the library's own RELRO data; making it writable changes no
+    let prot = page_protection(start as usize).ok_or_else(|| {
+        Error::unsupported(format!(
+            "the import slot of {} lies in no mapping of this process",
+            slot.symbol
+        ))
+    })?;
+    let writable = prot & libc::PROT_WRITE != 0;
+    if !writable {
+        // SAFETY: a page of the library's own offset table; making it writable changes no
         // contents.
-        if unsafe { libc::mprotect(start, page, libc::PROT_READ | libc::PROT_WRITE) } != 0 {
+        if unsafe { libc::mprotect(start, page, prot | libc::PROT_WRITE) } != 0 {
             return Err(Error::unsupported(format!(
                 "cannot make the import slot of {} writable: {}",
                 slot.symbol,
@@ -273,11 +263,81 @@ pub unsafe fn swap(slot: &Slot, value: usize) -> Result<usize> {
     // SAFETY: an aligned word of the offset table, writable now; callers read it with one
     // load, so the swap is atomic for them.
     let old = unsafe { &*(slot.addr as *const AtomicUsize) }.swap(value, Ordering::AcqRel);
-    if slot.relro {
-        // SAFETY: back to how the loader left the page.
-        unsafe { libc::mprotect(start, page, libc::PROT_READ) };
+    if !writable {
+        // SAFETY: back to the protection the page had.
+        unsafe { libc::mprotect(start, page, prot) };
     }
     Ok(old)
+}
+
+/// The protection (`PROT_*` bits) of the mapping holding `addr`, from `/proc/self/maps`.
+pub fn page_protection(addr: usize) -> Option<libc::c_int> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        let (lo, hi) = it.next()?.split_once('-')?;
+        let (lo, hi) = (
+            usize::from_str_radix(lo, 16).ok()?,
+            usize::from_str_radix(hi, 16).ok()?,
+        );
+        if !(lo..hi).contains(&addr) {
+            return None;
+        }
+        let perms = it.next()?.as_bytes();
+        let bit = |i: usize, c: u8, p: libc::c_int| if perms.get(i) == Some(&c) { p } else { 0 };
+        Some(
+            bit(0, b'r', libc::PROT_READ)
+                | bit(1, b'w', libc::PROT_WRITE)
+                | bit(2, b'x', libc::PROT_EXEC),
+        )
+    })
+}
+
+/// Keep the loaded library `path` (as [`Imports::path`] names it) loaded for the life of the
+/// process, whatever `dlclose` calls follow (`RTLD_NODELETE`): slots swapped in it must not
+/// vanish under the swapper. Nothing is loaded that was not. False when it is not loaded.
+pub fn keep_loaded(path: &str) -> bool {
+    let Ok(c) = CString::new(path) else {
+        return false;
+    };
+    // SAFETY: RTLD_NOLOAD finds the library only if it is loaded: nothing is mapped and no
+    // initialiser runs; RTLD_NODELETE marks it never to be unloaded. The handle is kept.
+    let h = unsafe {
+        libc::dlopen(
+            c.as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_NODELETE | libc::RTLD_LAZY,
+        )
+    };
+    !h.is_null()
+}
+
+/// The path of the loaded object that holds code address `addr` (`dladdr`), if any.
+pub fn object_of(addr: usize) -> Option<String> {
+    // SAFETY: all-zero is a valid `Dl_info`; dladdr fills it.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the loader's records; `info` is a valid out-pointer.
+    if addr == 0 || unsafe { libc::dladdr(addr as *const c_void, &mut info) } == 0 {
+        return None;
+    }
+    if info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated path owned by the loader.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+    Some(
+        std::fs::canonicalize(&*name)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| name.into_owned()),
+    )
+}
+
+/// `symbol` as the process's global scope resolves it (`RTLD_DEFAULT`: the program, then
+/// `LD_PRELOAD`ed libraries, then those loaded globally), if any.
+pub fn resolve_global(symbol: &str) -> Option<usize> {
+    let sym = CString::new(symbol).ok()?;
+    // SAFETY: a lookup in the global scope; the address is only stored.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, sym.as_ptr()) } as usize;
+    (p != 0).then_some(p)
 }
 
 /// `symbol` as exported by the already loaded library `needed` (a DT_NEEDED name such as
@@ -328,9 +388,16 @@ mod tests {
         let fin = imp.slots.iter().find(|s| s.symbol == "__cxa_finalize");
         let nan = imp.slots.iter().find(|s| s.symbol == "__strtold_nan");
         let (fin, nan) = (fin.expect("GLOB_DAT slot"), nan.expect("JUMP_SLOT slot"));
-        assert!(fin.relro, "a GLOB_DAT slot lies in RELRO: {fin:?}");
-        assert!(
-            !nan.relro,
+        let prot = |s: &Slot| page_protection(s.addr).unwrap();
+        let (fin_prot, nan_prot) = (prot(fin), prot(nan));
+        assert_eq!(
+            fin_prot & libc::PROT_WRITE,
+            0,
+            "a GLOB_DAT slot lies in RELRO, read-only: {fin:?}"
+        );
+        assert_ne!(
+            nan_prot & libc::PROT_WRITE,
+            0,
             "a lazy JUMP_SLOT lies in the writable .got.plt: {nan:?}"
         );
         assert_eq!(
@@ -344,27 +411,19 @@ mod tests {
             assert_eq!(unsafe { swap(slot, before) }.unwrap(), before);
             assert_eq!(slot.get(), before);
         }
-        // The RELRO page is read-only again.
-        let page = crate::prim::os::page_size();
-        let start = fin.addr & !(page - 1);
-        let prot = maps_prot(start);
-        assert!(prot.starts_with("r-"), "RELRO page {start:#x} is {prot}");
+        // Each page has exactly the protection it had: the RELRO page read-only again.
+        assert_eq!((prot(fin), prot(nan)), (fin_prot, nan_prot));
         assert!(imports("/no/such/library.so", &["free"]).is_err());
-    }
-
-    fn maps_prot(addr: usize) -> String {
-        for l in std::fs::read_to_string("/proc/self/maps").unwrap().lines() {
-            let mut it = l.split_whitespace();
-            let range = it.next().unwrap();
-            let (lo, hi) = range.split_once('-').unwrap();
-            let (lo, hi) = (
-                usize::from_str_radix(lo, 16).unwrap(),
-                usize::from_str_radix(hi, 16).unwrap(),
-            );
-            if (lo..hi).contains(&addr) {
-                return it.next().unwrap().to_string();
-            }
-        }
-        String::new()
+        // The text of libm is libm's, and libm stays loaded once kept.
+        let cos = resolve("libm.so.6", "cos").unwrap();
+        assert_eq!(
+            object_of(cos).as_deref(),
+            std::fs::canonicalize(&path)
+                .ok()
+                .as_ref()
+                .and_then(|p| p.to_str())
+        );
+        assert!(keep_loaded(&path));
+        assert!(!keep_loaded("/no/such/library.so"));
     }
 }

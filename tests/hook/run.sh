@@ -17,7 +17,10 @@ cc -O1 -g -Wall -Wextra -Werror -I include -o "$build/test_hook" tests/hook/test
     -L target/release -lump_alloc "-Wl,-rpath,$root/target/release" -ldl
 run() { env -u UMP_ALLOC_MODE -u UMP_ALLOC_LIMIT UMP_ALLOC_NO_CUDA=1 "$@" \
     "$root/$build/libc10_cuda.so" "$root/$build/libother.so"; }
+cc -shared -fPIC -O1 -g -Wall -Wextra -Werror -o "$build/libinterposer.so" tests/hook/fake_interposer.c -ldl
 run "$build/test_hook"
+# An interposer of cudaMalloc preloaded (as torch_memory_saver is): chained to, not bypassed.
+LD_PRELOAD="$root/$build/libinterposer.so" HOOK_TEST_INTERPOSER=1 run "$build/test_hook"
 if command -v valgrind >/dev/null; then
     run valgrind -q --error-exitcode=1 --leak-check=no "$build/test_hook"
 fi

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ump_alloc.h"
@@ -31,6 +32,24 @@ static const char *last(void) {
 
 typedef int (*Alloc)(void **, size_t);
 typedef int (*Free)(void *);
+
+/* The mappings of the file whose name contains `name`, with their permissions, one per line:
+ * hooking must leave every page of the library as the loader protected it. */
+static void maps_of(const char *name, char *out, size_t len) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    size_t used = 0;
+    out[0] = '\0';
+    if (!f) return;
+    while (fgets(line, sizeof line, f))
+        if (strstr(line, name)) {
+            /* range and permissions: the first two fields */
+            char range[64], perms[8];
+            if (sscanf(line, "%63s %7s", range, perms) == 2)
+                used += (size_t)snprintf(out + used, len > used ? len - used : 0, "%s %s\n", range, perms);
+        }
+    fclose(f);
+}
 
 int main(int argc, char **argv) {
     if (argc != 3) {
@@ -60,13 +79,40 @@ int main(int argc, char **argv) {
         fprintf(stderr, "stand-in symbols missing: %s\n", dlerror());
         return 2;
     }
+    /* HOOK_TEST_INTERPOSER=1: run with tests/hook/fake_interposer.c preloaded. */
+    const char *ie = getenv("HOOK_TEST_INTERPOSER");
+    int interposed = ie && strcmp(ie, "1") == 0;
+    int *chained = interposed ? (int *)dlsym(RTLD_DEFAULT, "interposer_mallocs") : NULL;
+    if (interposed && !chained) {
+        fprintf(stderr, "the interposer is not preloaded\n");
+        return 2;
+    }
+    char maps_before[4096], maps_after[4096];
+    maps_of("libc10_cuda", maps_before, sizeof maps_before);
     /* Before the hook: straight to the runtime, a NULL out-pointer too. */
     CHECK(alloc(NULL, 16) == 1 && *mallocs == 1, "the runtime refuses NULL itself");
     *mallocs = 0;
     void *p = NULL;
     CHECK(alloc(&p, 1 << 20) == 0 && p && *mallocs == 1, "unhooked cudaMalloc");
+    if (interposed) *mallocs = 0;
     CHECK(ump_torch_hook_segments(c10) == UMP_OK, "hook: %s", last());
     CHECK(ump_torch_segments_hooked() == 1, "hooked");
+    maps_of("libc10_cuda", maps_after, sizeof maps_after);
+    CHECK(strcmp(maps_before, maps_after) == 0 && maps_before[0],
+          "every page of the library keeps its protection:\nbefore\n%safter\n%s", maps_before,
+          maps_after);
+    const char *target = ump_torch_segments_target();
+    CHECK(target && strstr(target, interposed ? "libinterposer" : "libcudart"),
+          "requests not served go to %s", target ? target : "(null)");
+    if (interposed) {
+        /* An interposer bound in the slot before the hook is chained to, not bypassed. */
+        int before = *chained;
+        void *x = NULL;
+        CHECK(alloc(&x, 4096) == 0 && x && *chained == before + 1 && release(x) == 0,
+              "forwarded through the interposer: %d calls", *chained);
+        printf("segment hook: interposer chained\n");
+        return failures ? 1 : 0;
+    }
     CHECK(ump_torch_hook_segments(c10) == UMP_OK, "hooking again does nothing: %s", last());
     CHECK(alloc(NULL, 16) == 1 && *mallocs == 1, "the hook is in the slot: it refuses NULL itself");
     /* A segment made before the hook is freed through the runtime. */
@@ -88,6 +134,21 @@ int main(int argc, char **argv) {
     CHECK(ump_torch_hook_segments(c10) == UMP_OK && ump_torch_segments_hooked() == 1, "rehook: %s", last());
     void *s = NULL;
     CHECK(alloc(&s, 4096) == 0 && s && *mallocs == 4 && release(s) == 0 && *frees == 5, "after rehook");
+    /* The library stays loaded while hooked (issue 32): dlclose must not unload it under
+     * its swapped slots, and hooking the reloaded library finds it hooked for real. */
+    dlclose(lib);
+    CHECK(dlopen(c10, RTLD_NOW | RTLD_NOLOAD) != NULL, "dlclose left the hooked library loaded");
+    lib = dlopen(c10, RTLD_NOW | RTLD_LOCAL);
+    alloc = lib ? (Alloc)dlsym(lib, "c10_segment_alloc") : NULL;
+    CHECK(alloc != NULL, "reloaded: %s", dlerror());
+    if (alloc) {
+        int m = *mallocs;
+        CHECK(alloc(NULL, 16) == 1 && *mallocs == m, "the reloaded library's slot is still hooked");
+        CHECK(ump_torch_hook_segments(c10) == UMP_OK && ump_torch_segments_hooked() == 1,
+              "hooking the reloaded library: %s", last());
+        CHECK(ump_torch_unhook_segments() == UMP_OK, "unhook after dlclose: %s", last());
+        CHECK(alloc(NULL, 16) == 1 && *mallocs == m + 1, "unhooked for real: the runtime answers");
+    }
     if (failures) {
         fprintf(stderr, "segment hook: %d check(s) failed\n", failures);
         return 1;
