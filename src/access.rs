@@ -89,6 +89,7 @@ pub fn device_access(
     if !cuda::available() {
         return Err(Error::unsupported("no GPU: device access is not possible"));
     }
+    allocator::check_device(device)?;
     if size == 0 {
         return Ok(());
     }

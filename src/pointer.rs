@@ -27,13 +27,15 @@ pub enum Pointer {
 }
 
 impl Pointer {
-    /// Classify `ptr`: ours first, then the driver.
+    /// Classify `ptr`: ours first, then the driver. A block is the bytes it was asked for
+    /// (`[base, base + size)`; its base alone for an empty one): the rest of its slot or span
+    /// is pool memory outside every block.
     pub fn of(ptr: usize) -> Pointer {
         // One registry lookup answers both: a live block, or pool memory outside one.
         match pool::entry_at(ptr) {
             Some(e) => match e.lookup(ptr) {
-                Some(info) => Pointer::Block(info),
-                None => Pointer::Pooled(e.pool()),
+                Some(info) if ptr - info.base < info.size.max(1) => Pointer::Block(info),
+                _ => Pointer::Pooled(e.pool()),
             },
             None => Pointer::foreign(ptr),
         }
@@ -145,16 +147,20 @@ pub fn region(ptr: usize, size: usize) -> Result<Region> {
     let end = ptr
         .checked_add(size)
         .ok_or_else(|| Error::invalid(format!("range {ptr:#x} + {size} overflows")))?;
-    let found = match Pointer::of(ptr) {
-        Pointer::Pooled(_) => Pointer::foreign(ptr),
-        p => p,
+    // A range that starts in a live block must end in it (the bytes it was asked for, as
+    // `Pointer::of` counts them), whatever room its slot or span has after them.
+    let found = match pool::entry_at(ptr) {
+        Some(e) => e
+            .lookup(ptr)
+            .map_or_else(|| Pointer::foreign(ptr), Pointer::Block),
+        None => Pointer::foreign(ptr),
     };
     match found {
         Pointer::Block(b) => {
-            if end > b.base + b.capacity {
+            if end > b.base + b.size {
                 return Err(Error::invalid(format!(
-                    "range {ptr:#x} + {size} runs past the end of its block ({:#x} + {})",
-                    b.base, b.capacity
+                    "range {ptr:#x} + {size} runs past the end of its block ({:#x} + {} bytes)",
+                    b.base, b.size
                 )));
             }
             let kind = b.pool.kind();

@@ -264,6 +264,10 @@ pub fn facts(
     touch: f64,
 ) -> Result<Facts> {
     check_touch(touch)?;
+    // To a device: the GPU that reads it; to the host, -1 (the memory's own) or a GPU.
+    if direction == Direction::ToDevice || device != -1 {
+        allocator::check_device(device)?;
+    }
     let r = if size == 0 {
         None
     } else {

@@ -529,6 +529,18 @@ impl Allocator {
 
 // ---- blocks of either side -----------------------------------------------------------------
 
+/// Refuse `device` unless it names a GPU of this machine (on a machine without one, device 0
+/// stands for the GPU a plan is made for).
+pub fn check_device(device: i32) -> Result<()> {
+    let count = caps().devices.len();
+    if usize::try_from(device).is_ok_and(|d| d < count.max(1)) {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "no CUDA device {device} (this machine has {count})"
+    )))
+}
+
 /// Whether `ptr` lies in memory this library's pools hold (a live block or not). Memory from
 /// any other allocator never does: the registry covers only chunks this library mapped, and
 /// forgets a chunk before it goes back to the OS.

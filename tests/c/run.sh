@@ -202,6 +202,8 @@ review() {
         "$build/test_review_asan" "$name"
 }
 review stream-retire-device
+review device-numbers
+review requested-size
 review scope-realloc
 review realloc-counts
 review refused-growth-limit UMP_ALLOC_LIMIT=96M

@@ -517,6 +517,74 @@ static void scenario_stream_retire_device(void) {
     ump_free(p, 100);
 }
 
+/* ---- 6. devices that do not exist, and a block is the bytes asked for (issue 32) --------- */
+
+/* Without a GPU, device 0 stands for the GPU a plan is made for; every other number is no
+ * device of this machine, for a plan to a device, for one from a named device, and for access
+ * (which says UMP_ERR_UNSUPPORTED first here: there is no GPU to access). Over the stand-in
+ * driver of tests/fork (one GPU) ump_device_access refuses the same numbers. */
+static void scenario_device_numbers(void) {
+    static const int bad[] = {-2, 1, 7, 1 << 20, INT_MIN, INT_MAX};
+    struct ump_transfer_plan plan;
+    unsigned char *p = ump_malloc(4096);
+    CHECK(p != NULL, "ump_malloc: %s", last_err_or("-"));
+    size_t i;
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&plan, 0x5a, sizeof plan);
+        plan.size = (uint32_t)sizeof plan;
+        int rc = ump_plan_transfer(p, 4096, UMP_TO_DEVICE, bad[i], 1.0, NULL, &plan);
+        CHECK(rc == UMP_ERR_INVALID && strstr(last_err_or(""), "no CUDA device"),
+              "ump_plan_transfer(UMP_TO_DEVICE, device %d) = %d: %s", bad[i], rc, last_err_or("-"));
+        CHECK((int)plan.path == 0x5a5a5a5a, "a refused plan writes nothing");
+        rc = ump_plan_transfer(p, 4096, UMP_TO_HOST, bad[i], 1.0, NULL, &plan);
+        CHECK(rc == UMP_ERR_INVALID, "ump_plan_transfer(UMP_TO_HOST, device %d) = %d", bad[i], rc);
+        rc = ump_device_access(p, 4096, bad[i], NULL);
+        CHECK(rc == UMP_ERR_UNSUPPORTED || rc == UMP_ERR_INVALID, "ump_device_access(device %d) = %d",
+              bad[i], rc);
+        rc = ump_device_access_ex(p, 4096, bad[i], NULL, 1.0);
+        CHECK(rc == UMP_ERR_UNSUPPORTED || rc == UMP_ERR_INVALID,
+              "ump_device_access_ex(device %d) = %d", bad[i], rc);
+    }
+    CHECK(ump_plan_transfer(p, 4096, UMP_TO_DEVICE, 0, 1.0, NULL, &plan) == UMP_OK,
+          "device 0: %s", last_err_or("-"));
+    CHECK(ump_plan_transfer(p, 4096, UMP_TO_HOST, -1, 1.0, NULL, &plan) == UMP_OK,
+          "to the host from the memory's own device (-1): %s", last_err_or("-"));
+    ump_free(p, 4096);
+}
+
+/* One rule everywhere: a block is the bytes it was asked for, whatever room its slot (small)
+ * or span (large) has after them. identify says "ours" inside them only, and a range past them
+ * is refused by the plan and by host access. */
+static void scenario_requested_size(void) {
+    static const size_t sizes[] = {1000, 3000, 100000, 3 * MiB + 123, 40 * MiB + 5};
+    size_t i;
+    for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        unsigned char *p = ump_malloc(n);
+        CHECK(p != NULL, "ump_malloc(%zu): %s", n, last_err_or("-"));
+        if (!p) continue;
+        struct ump_identity id;
+        CHECK(identify(p + n - 1, &id) == UMP_OK && id.ours && id.base == (uintptr_t)p &&
+                  id.block_size == n,
+              "%zu bytes: the last byte is ours", n);
+        CHECK(identify(p + n, &id) == UMP_OK && !id.ours,
+              "%zu bytes: the byte after the block is not (ours %d, block %zu)", n, id.ours,
+              (size_t)id.block_size);
+        struct ump_transfer_plan plan;
+        plan.size = (uint32_t)sizeof plan;
+        CHECK(ump_plan_transfer(p, n, UMP_TO_HOST, -1, 1.0, NULL, &plan) == UMP_OK,
+              "%zu bytes: the whole block plans: %s", n, last_err_or("-"));
+        CHECK(ump_plan_transfer(p, n + 1, UMP_TO_HOST, -1, 1.0, NULL, &plan) == UMP_ERR_INVALID &&
+                  strstr(last_err_or(""), "past the end"),
+              "%zu bytes: one byte more is refused: %s", n, last_err_or("-"));
+        CHECK(ump_host_access(p + 1, n, NULL) == UMP_ERR_INVALID,
+              "%zu bytes: host access one byte past the end is refused", n);
+        CHECK(ump_host_access(p + 1, n - 1, NULL) == UMP_OK, "%zu bytes: host access to the end: %s",
+              n, last_err_or("-"));
+        ump_free(p, n);
+    }
+}
+
 static const struct scenario scenarios[] = {
     {"refused-growth", scenario_refused_growth},
     {"refused-growth-limit", scenario_refused_growth_limit},
@@ -524,6 +592,8 @@ static const struct scenario scenarios[] = {
     {"scope-realloc", scenario_scope_realloc},
     {"realloc-counts", scenario_realloc_counts},
     {"stream-retire-device", scenario_stream_retire_device},
+    {"device-numbers", scenario_device_numbers},
+    {"requested-size", scenario_requested_size},
 };
 
 int main(int argc, char **argv) {
