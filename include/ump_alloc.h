@@ -23,8 +23,8 @@
 // host side's memory).
 #define UMP_CAPABILITIES_VERSION 3
 
-// Current version of `struct ump_pool_stat` (2: `reserved`).
-#define UMP_POOL_STAT_VERSION 2
+// Current version of `struct ump_pool_stat` (2: `reserved`; 3: `kind`).
+#define UMP_POOL_STAT_VERSION 3
 
 // `ump_scope_begin_ex` flag: at the end, report live blocks but leave them allocated (for
 // callers whose blocks are owned elsewhere, such as Python arrays).
@@ -430,6 +430,9 @@ struct ump_pool_stat {
   // Bytes of address space its chunks hold: more than `mapped` for a virtual-memory pool
   // (pages are mapped into it as blocks land on them), equal otherwise (version 2).
   uint64_t reserved;
+  // The kind of memory it is made of: a device's pools are of the device side's kind, and
+  // PyTorch's segments may be plain device memory beside them (version 3).
+  enum ump_kind kind;
 };
 
 // What a scope saw, filled by `ump_scope_end_ex`. Versioned like `ump_stats`.
@@ -895,6 +898,16 @@ int ump_torch_hook_segments(const char *libc10_cuda);
 // holds ump-alloc's function (written by someone else since) is left as it is. Returns
 // `UMP_OK` (also when not hooked); on failure nothing is forgotten: the route stays hooked.
 int ump_torch_unhook_segments(void);
+
+// Choose the memory PyTorch's new segments come from (`UMP_ALLOC_TORCH_SEGMENTS`'s values):
+// `"device"` (plain device memory, one driver allocation per segment: CUDA IPC shares it),
+// `"side"` (the device side's memory, what CuPy gets: managed memory by default, which the
+// host can view) or `"auto"` (back to the configuration). Segments made before stay where they
+// are. Returns `UMP_OK`; `UMP_ERR_INVALID` for another value; `UMP_ERR_NULL` for NULL.
+//
+// # Safety
+// `which` is NULL or a NUL-terminated string.
+int ump_torch_segment_memory(const char *which);
 
 // The file of the `cudaMalloc` that PyTorch's segments route hands requests ump-alloc does
 // not serve to (the CUDA runtime's, or an interposer's that was in the slot before), as a

@@ -15,6 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROUTES = {
     "plain": {},
     "segments": {"UMP_ALLOC": "1"},
+    "segments-managed": {"UMP_ALLOC": "1", "UMP_ALLOC_TORCH_SEGMENTS": "side"},
     "segments-device": {"UMP_ALLOC": "1", "UMP_ALLOC_MODE": "device"},
     "swap": {"UMP_ALLOC": "1", "UMP_ALLOC_TORCH_ROUTE": "swap"},
 }
@@ -60,7 +61,7 @@ def test_matrix_plain_pytorch_passes_everything(matrices):
     assert not bad, bad
 
 
-@pytest.mark.parametrize("route", ["segments", "segments-device"])
+@pytest.mark.parametrize("route", ["segments", "segments-managed", "segments-device"])
 def test_matrix_segments_route_does_everything_plain_does(matrices, route):
     m = matrices[route]
     assert m["route"] == "segments", m["route"]
@@ -81,8 +82,12 @@ def test_matrix_swap_route_lacks_exactly_what_the_docs_list(matrices):
             assert m[name] == "ok", (name, m[name])
 
 
-def test_segments_identity_and_stats():
-    check("segments_identity_and_stats", ROUTES["segments"])
+@pytest.mark.parametrize("route,kind", [("segments", "device"), ("segments-managed", "managed")])
+def test_segments_identity_and_stats(route, kind):
+    """At the defaults PyTorch's segments are plain device memory (CUDA IPC shares them),
+    while CuPy's arrays stay managed memory; UMP_ALLOC_TORCH_SEGMENTS=side gives PyTorch the
+    device side's managed memory too."""
+    check("segments_identity_and_stats", {**ROUTES[route], "EXPECT_KIND": kind})
 
 
 @pytest.mark.parametrize("route", ["segments", "segments-device"])
@@ -108,11 +113,12 @@ def test_segments_record_stream(route):
     "env,expect",
     [
         ({}, "ok"),
-        (ROUTES["segments"], "refused"),
+        (ROUTES["segments"], "ok"),
+        (ROUTES["segments-managed"], "refused"),
         ({**ROUTES["segments-device"], "UMP_ALLOC_DEVICE_VMM": "0"}, "ok"),
         (ROUTES["segments-device"], "refused"),
     ],
-    ids=["plain", "managed", "device-cumemalloc", "device-vmm"],
+    ids=["plain", "defaults", "managed", "device-cumemalloc", "device-vmm"],
 )
 def test_cuda_ipc(env, expect):
     check("ipc", {**env, "EXPECT_IPC": expect})

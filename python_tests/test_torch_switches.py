@@ -21,7 +21,7 @@ def test_switch_values_are_strict(var, bad):
 @pytest.mark.parametrize("good", ["0", "1"])
 def test_switch_values_accepted_and_shown(var, good):
     r = run_python("import ump_alloc.__main__ as m; m.main(['info'])", env={var: good})
-    (line,) = [x for x in r.stdout.splitlines() if var in x]
+    (line,) = [x for x in r.stdout.splitlines() if x.strip().startswith(var + " ")]
     assert good in line.replace(var, ""), line
 
 

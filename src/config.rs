@@ -116,6 +116,17 @@ pub const VARS: &[Var] = &[
         },
         show: |c, _, _| c.pinned_fork.name().into(),
     },
+    Var {
+        name: c"UMP_ALLOC_PIN",
+        default: c"lazy",
+        help: c"when the pinned host side pins NumPy's memory: lazy (at the process's first use of a GPU: its first device allocation, a transfer call of ump-alloc's, or a CUDA context found active; until then no CUDA context is made and copies run at pageable speed) | eager (every chunk as it is made: a CUDA context at the first NumPy array)",
+        read: |c, v| {
+            let why = "expected lazy (pin at the first use of a GPU) or eager (pin every \
+                       chunk as it is made)";
+            set(&mut c.pin, Pin::parse(v).ok_or(why))
+        },
+        show: |c, _, _| c.pin.name().into(),
+    },
     // 512: CuPy's allocation unit.
     Var {
         name: c"UMP_ALLOC_ALIGNMENT",
@@ -175,6 +186,17 @@ pub const VARS: &[Var] = &[
             set(&mut c.torch_route, route)
         },
         show: |c, _, _| c.torch_route.name().into(),
+    },
+    Var {
+        name: c"UMP_ALLOC_TORCH_SEGMENTS",
+        default: c"auto",
+        help: c"the memory of PyTorch's segments (segments route): device (plain device memory, one driver allocation per segment, as PyTorch's own: CUDA IPC shares it, NCCL runs at full speed) | side (the device side's memory, what CuPy gets) | auto (device, unless the device side or the mode is set, UMP_ALLOC_TORCH_UNIFIED=1 asks for memory the host reads, or the device side is system memory: then side)",
+        read: |c, v| {
+            let why = "expected auto, device (plain device memory) or side (the device side's \
+                       memory)";
+            set(&mut c.torch_segments, TorchSegments::parse(v).ok_or(why))
+        },
+        show: |c, _, _| c.torch_segments.name().into(),
     },
     Var {
         name: c"UMP_ALLOC_TORCH_FAST_CPU",
@@ -255,6 +277,61 @@ impl TorchRoute {
     }
 }
 
+/// The memory of PyTorch's segments on the segments route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TorchSegments {
+    /// `Device` unless the settings ask for the device side's memory (see the row).
+    Auto,
+    /// Plain device memory, one driver allocation per segment (`cuMemAlloc`).
+    Device,
+    /// The device side's memory (what CuPy gets).
+    Side,
+}
+
+impl TorchSegments {
+    pub fn name(self) -> &'static str {
+        match self {
+            TorchSegments::Auto => "auto",
+            TorchSegments::Device => "device",
+            TorchSegments::Side => "side",
+        }
+    }
+
+    pub fn parse(v: &str) -> Option<TorchSegments> {
+        [
+            TorchSegments::Auto,
+            TorchSegments::Device,
+            TorchSegments::Side,
+        ]
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(v.trim()))
+    }
+}
+
+/// When the pinned host side pins its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pin {
+    /// At the process's first use of a GPU (no CUDA context before).
+    Lazy,
+    /// Every chunk as it is made.
+    Eager,
+}
+
+impl Pin {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pin::Lazy => "lazy",
+            Pin::Eager => "eager",
+        }
+    }
+
+    pub fn parse(v: &str) -> Option<Pin> {
+        [Pin::Lazy, Pin::Eager]
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(v.trim()))
+    }
+}
+
 /// A cap on pinned host memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PinnedLimit {
@@ -305,6 +382,8 @@ pub struct Config {
     pub device_side: SideRequest<DeviceSide>,
     pub pinned_limit: PinnedLimit,
     pub pinned_fork: PinnedFork,
+    /// When the pinned host side pins its memory.
+    pub pin: Pin,
     pub alignment: usize,
     pub limit: Option<usize>,
     pub host_retain: usize,
@@ -319,6 +398,8 @@ pub struct Config {
     pub oversubscribe: bool,
     /// How PyTorch gets its memory (read by `ump_alloc`, validated here).
     pub torch_route: TorchRoute,
+    /// The memory of PyTorch's segments.
+    pub torch_segments: TorchSegments,
     /// Switches of the Python integrations (read by `ump_alloc`, validated here).
     pub torch_fast_cpu: bool,
     pub torch_unified: bool,
@@ -342,6 +423,7 @@ impl Config {
             device_side: SideRequest::Auto,
             pinned_limit: PinnedLimit::Bytes(0),
             pinned_fork: PinnedFork::Copy,
+            pin: Pin::Eager,
             alignment: 0,
             limit: None,
             host_retain: 0,
@@ -351,6 +433,7 @@ impl Config {
             managed_discard: false,
             oversubscribe: false,
             torch_route: TorchRoute::Swap,
+            torch_segments: TorchSegments::Side,
             torch_fast_cpu: false,
             torch_unified: false,
             cupy_zero_copy: false,

@@ -14,6 +14,7 @@
 //! `UMP_ALLOC_MODE` names a preset pair ([`Mode`]); `UMP_ALLOC_HOST_SIDE` and
 //! `UMP_ALLOC_DEVICE_SIDE` choose one side each.
 
+use crate::backing::Kind;
 use crate::error::{Error, Result};
 use crate::prim::cuda::{DeviceCaps, MachineCaps};
 
@@ -71,6 +72,16 @@ pub enum DeviceSide {
 }
 
 impl HostSide {
+    /// The kind of memory this host side is made of.
+    pub fn kind(self) -> Kind {
+        match self {
+            HostSide::Host => Kind::UMP_KIND_HOST,
+            HostSide::System => Kind::UMP_KIND_SYSTEM,
+            HostSide::Pinned => Kind::UMP_KIND_REGISTERED,
+            HostSide::Managed => Kind::UMP_KIND_MANAGED,
+        }
+    }
+
     pub const ALL: [HostSide; 4] = [
         HostSide::Host,
         HostSide::System,
@@ -95,6 +106,17 @@ impl HostSide {
 }
 
 impl DeviceSide {
+    /// The kind of memory this device side is made of.
+    pub fn kind(self) -> Kind {
+        match self {
+            DeviceSide::None => Kind::UMP_KIND_UNKNOWN,
+            DeviceSide::System => Kind::UMP_KIND_SYSTEM,
+            DeviceSide::Managed => Kind::UMP_KIND_MANAGED,
+            DeviceSide::Pinned => Kind::UMP_KIND_REGISTERED,
+            DeviceSide::Device => Kind::UMP_KIND_DEVICE,
+        }
+    }
+
     pub const ALL: [DeviceSide; 4] = [
         DeviceSide::System,
         DeviceSide::Managed,

@@ -77,12 +77,16 @@ pub fn collect_stats() -> ump_stats {
     s.host_kind = host.kind();
     s.kinds[host.kind() as usize].add(&s.host);
     s.total.add(&s.host);
+    // The device side's kind; PyTorch's segments may be plain device memory beside it (their
+    // usage counts in `kinds` by their own kind, and in `devices` with the device side's).
+    if let Some(g) = a.gpu_if_chosen() {
+        s.device_kind = g.selection.sides.device.kind();
+    }
     for g in a.device_groups() {
         let pools = g.pools();
         let Some(first) = pools.first() else { continue };
         let mut u = g.stats.usage();
         u.cached = g.cached_bytes() as u64;
-        s.device_kind = first.kind();
         s.kinds[first.kind() as usize].add(&u);
         s.total.add(&u);
         s.streams += pools.len() as u64;
@@ -91,9 +95,9 @@ pub fn collect_stats() -> ump_stats {
         if let Ok(i) = usize::try_from(g.device())
             && i < STATS_DEVICES
         {
-            s.devices[i] = u;
+            s.devices[i].add(&u);
             s.device_count = s.device_count.max(i as u32 + 1);
-            s.device_discarded[i] = c(&g.stats.discarded);
+            s.device_discarded[i] += c(&g.stats.discarded);
             for r in g.reports() {
                 s.device_reserved[i] += r.reserved as u64;
                 s.device_largest_free[i] = s.device_largest_free[i].max(r.largest_free as u64);

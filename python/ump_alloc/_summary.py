@@ -14,7 +14,9 @@ def pool_stats() -> list[dict]:
     per stream (``stream``: the handle, 0 for the legacy default stream; ``retired``). Each has
     ``mapped`` (bytes of physical memory it holds), ``reserved`` (bytes of address space its
     chunks hold: more than ``mapped`` for a virtual-memory pool), ``cached`` (free bytes ready
-    for reuse) and ``largest_free`` (the largest request it serves without mapping more)."""
+    for reuse), ``largest_free`` (the largest request it serves without mapping more) and
+    ``kind`` (the memory it is made of: PyTorch's segments may be plain ``device`` memory beside
+    the device side's pools)."""
     L = _lib.lib()
     out = []
     i = 0
@@ -104,10 +106,12 @@ def memory_summary() -> str:
     for dev, u in sorted(st["devices"].items()):
         mine = [p for p in pools if p["device"] == dev]
         usage_row(f"device {dev} ({st['device_kind']})", u)
-        for p in sorted(mine, key=lambda p: p["stream"]):
+        for p in sorted(mine, key=lambda p: (p["kind"] != st["device_kind"], p["stream"])):
             name = "legacy default" if p["stream"] == 0 else f"{p['stream']:#x}"
             if p["retired"]:
                 name += " (retired)"
+            if p["kind"] != st["device_kind"]:
+                name += f" ({p['kind']} memory: PyTorch's segments)"
             pool_row(f"  stream {name}", p, _size(p["mapped"] - p["cached"]))
     from . import _torch
 

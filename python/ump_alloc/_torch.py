@@ -104,6 +104,10 @@ def install(route: str | None = None, fast_cpu: bool | None = None, unified: boo
         return
     if not torch.cuda.is_available():
         raise _lib.UmpError("PyTorch sees no CUDA device", _lib.ERR_UNSUPPORTED)
+    if unified:
+        # Views of CUDA tensors on the host need memory the host reads: the device side's
+        # (UMP_ALLOC_TORCH_SEGMENTS=auto gives the segments plain device memory otherwise).
+        _lib.check(_lib.lib().ump_torch_segment_memory(b"side"), "ump_torch_segment_memory")
     if want == "segments":
         why = _segments_unavailable(torch)
         if why is None:
@@ -305,9 +309,10 @@ def ipc_hint(ptr: int) -> str | None:
     what = "virtual-memory pool" if ident.kind == "device" else f"{ident.kind} memory"
     return (
         f"CUDA IPC cannot share this tensor: it lives in ump-alloc's {what}, which CUDA IPC "
-        "cannot export. Start the sending process with UMP_ALLOC_DEVICE_SIDE=device and "
-        "UMP_ALLOC_DEVICE_VMM=0 (plain cudaMalloc-style device memory, which it shares), or "
-        "without ump-alloc for PyTorch"
+        "cannot export. Start the sending process with UMP_ALLOC_TORCH_SEGMENTS=device (PyTorch's "
+        "segments as plain cudaMalloc-style device memory, which it shares: the default unless "
+        "UMP_ALLOC_DEVICE_SIDE, UMP_ALLOC_MODE or UMP_ALLOC_TORCH_UNIFIED is set), or with "
+        "UMP_ALLOC_DEVICE_VMM=0 where the device side is plain device memory"
     )
 
 

@@ -33,7 +33,7 @@ pub fn segment_malloc(n: usize) -> Result<Option<usize>> {
     let Some(device) = cuda::current_device() else {
         return Ok(None);
     };
-    let g = a.device_pools(device)?;
+    let g = a.segment_pools(device)?;
     g.release_deferred(false);
     let pool = g.pool_for(0)?;
     // Plain cuMemAlloc memory can be shared with CUDA IPC, which exports a driver allocation
@@ -88,7 +88,7 @@ pub fn device_free(ptr: usize, _device: i32, stream: Option<usize>) -> Result<()
     // One registry lookup serves the checks, the ordering and the free.
     let (entry, info) = block_of(pool::entry_at(ptr), ptr)?;
     if info.pool.is_stream_ordered()
-        && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
+        && let Some(g) = get().and_then(|a| a.group_of(info.pool))
     {
         if crate::stream::any_deferred() && g.is_deferred(ptr) {
             return Err(deferred_twice(ptr));
@@ -112,7 +112,7 @@ pub fn device_free(ptr: usize, _device: i32, stream: Option<usize>) -> Result<()
 pub fn device_record_stream(ptr: usize, stream: usize) -> Result<()> {
     let info = block_at(ptr)?;
     if info.pool.is_stream_ordered()
-        && let Some(g) = get().and_then(|a| a.device_group(info.pool.device()))
+        && let Some(g) = get().and_then(|a| a.group_of(info.pool))
     {
         g.record_stream(info.pool, info.base, stream);
     }

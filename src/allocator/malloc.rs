@@ -87,7 +87,7 @@ pub fn realloc(ptr: usize, n: usize) -> Result<usize> {
     let new = if ordered {
         // A retired stream's handle is never used again: the new block is the legacy default
         // stream's, which orders with every blocking stream.
-        let pool = match get().and_then(|a| a.device_group(info.pool.device())) {
+        let pool = match get().and_then(|a| a.group_of(info.pool)) {
             Some(g) if info.pool.is_retired() => g.pool_for(0)?,
             _ => info.pool,
         };
@@ -139,7 +139,7 @@ pub fn free(ptr: usize) -> Result<()> {
 fn refuse_deferred(ptr: usize) -> Result<()> {
     let deferred = pool::lookup(ptr)
         .filter(|i| i.pool.is_stream_ordered())
-        .and_then(|i| get().and_then(|a| a.device_group(i.pool.device())))
+        .and_then(|i| get().and_then(|a| a.group_of(i.pool)))
         .is_some_and(|g| g.is_deferred(ptr));
     if deferred {
         return Err(deferred_twice(ptr));

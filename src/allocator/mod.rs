@@ -52,6 +52,9 @@ pub struct Gpu {
     /// Every device reads pageable memory (HMM or ATS).
     hmm: bool,
     devices: Vec<OnceLock<&'static StreamPools>>,
+    /// PyTorch's segments where they are plain device memory apart from the device side
+    /// (`UMP_ALLOC_TORCH_SEGMENTS`), per device.
+    segments: Vec<OnceLock<&'static StreamPools>>,
 }
 
 impl Gpu {
@@ -59,6 +62,7 @@ impl Gpu {
         Gpu {
             hmm: caps.pageable_everywhere(),
             devices: (0..caps.devices.len()).map(|_| OnceLock::new()).collect(),
+            segments: (0..caps.devices.len()).map(|_| OnceLock::new()).collect(),
             mode: selection.mode,
             mode_reason: selection.reason(),
             selection,
@@ -99,6 +103,27 @@ static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides {
     limit: None,
 });
 static ENV: OnceLock<Result<Config>> = OnceLock::new();
+/// PyTorch's segment memory set at run time (`set_segment_memory`): 0 as configured, 1 plain
+/// device memory, 2 the device side's.
+static SEGMENTS_SET: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Choose the memory of PyTorch's segments from now on (`UMP_ALLOC_TORCH_SEGMENTS`'s values):
+/// segments already made stay where they are.
+pub fn set_segment_memory(which: &str) -> Result<()> {
+    use crate::config::TorchSegments as T;
+    let v = match T::parse(which) {
+        Some(T::Auto) => 0,
+        Some(T::Device) => 1,
+        Some(T::Side) => 2,
+        None => {
+            return Err(Error::invalid(format!(
+                "segment memory {which:?}: expected auto, device or side"
+            )));
+        }
+    };
+    SEGMENTS_SET.store(v, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
 static CAPS: OnceLock<MachineCaps> = OnceLock::new();
 static STATE: OnceLock<Allocator> = OnceLock::new();
 static INIT: Mutex<()> = Mutex::new(());
@@ -381,6 +406,57 @@ impl Allocator {
 
     /// The stream pools for GPU libraries on `device`, made on first use.
     pub fn device_pools(&self, device: i32) -> Result<&'static StreamPools> {
+        let gpu = self.gpu();
+        let side = gpu.selection.sides.device;
+        self.pools_in(&gpu.devices, device, side, side == DeviceSide::Device)
+    }
+
+    /// The stream pools PyTorch's segments come from on `device`: plain device memory of
+    /// their own, one driver allocation per segment, where [`segments_on_device`] says so
+    /// (CUDA IPC exports them, as PyTorch's own), else the device side's.
+    ///
+    /// [`segments_on_device`]: Self::segments_on_device
+    pub fn segment_pools(&self, device: i32) -> Result<&'static StreamPools> {
+        let gpu = self.gpu();
+        let side = gpu.selection.sides.device;
+        if !self.segments_on_device() || (side == DeviceSide::Device && !self.config.device_vmm) {
+            return self.device_pools(device);
+        }
+        self.pools_in(&gpu.segments, device, DeviceSide::Device, false)
+    }
+
+    /// Whether PyTorch's segments are plain device memory apart from the device side
+    /// (`UMP_ALLOC_TORCH_SEGMENTS`, or `ump_torch_segment_memory` at run time).
+    pub fn segments_on_device(&self) -> bool {
+        use crate::config::TorchSegments as T;
+        use crate::mode::SideRequest;
+        let choice = match SEGMENTS_SET.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => T::Device,
+            2 => T::Side,
+            _ => self.config.torch_segments,
+        };
+        let gpu = self.gpu();
+        match choice {
+            T::Device => gpu.selection.sides.device != DeviceSide::None,
+            T::Side => false,
+            T::Auto => {
+                gpu.selection.sides.device == DeviceSide::Managed
+                    && self.config.device_side == SideRequest::Auto
+                    && self.config.mode == ModeRequest::Auto
+                    && !self.config.torch_unified
+            }
+        }
+    }
+
+    /// The pools in `slots` for `device`, made on first use over memory of `side` (`vmm`: a
+    /// virtual-memory pool for plain device memory, where the driver has one).
+    fn pools_in(
+        &self,
+        slots: &[OnceLock<&'static StreamPools>],
+        device: i32,
+        side: DeviceSide,
+        vmm: bool,
+    ) -> Result<&'static StreamPools> {
         if cuda::fork_poisoned() {
             return Err(Error::unsupported(
                 "GPU memory cannot be allocated in a fork() child of a process that used CUDA; \
@@ -388,7 +464,6 @@ impl Allocator {
             ));
         }
         let gpu = self.gpu();
-        let side = gpu.selection.sides.device;
         if side == DeviceSide::None {
             return Err(Error::unsupported(format!(
                 "no GPU memory: the device side is 'none' ({})",
@@ -397,11 +472,11 @@ impl Allocator {
         }
         let slot = usize::try_from(device)
             .ok()
-            .and_then(|i| gpu.devices.get(i))
+            .and_then(|i| slots.get(i))
             .ok_or_else(|| {
                 Error::invalid(format!(
                     "no CUDA device {device} (this machine has {})",
-                    gpu.devices.len()
+                    slots.len()
                 ))
             })?;
         if let Some(p) = slot.get() {
@@ -409,10 +484,7 @@ impl Allocator {
         }
         // Driver calls happen before the pool-set lock (the loader lock comes first in the
         // fork order); a space made by a thread that loses the race below stays unused.
-        let space = match side {
-            DeviceSide::Device => self.vmm_space(device),
-            _ => None,
-        };
+        let space = if vmm { self.vmm_space(device) } else { None };
         let _g = lock(&self.device_pool_lock);
         if let Some(p) = slot.get() {
             return Ok(p);
@@ -483,16 +555,26 @@ impl Allocator {
         Space::for_device(device, caps.total_memory as usize).ok()
     }
 
-    /// The stream pools of `device`, if they were made.
-    pub fn device_group(&self, device: i32) -> Option<&'static StreamPools> {
-        let slot = self.gpu.get()?.devices.get(usize::try_from(device).ok()?)?;
-        slot.get().copied()
+    /// The stream pools `pool` belongs to (the device side's, or PyTorch's segments'), if it
+    /// is a device pool.
+    pub fn group_of(&self, pool: &Pool) -> Option<&'static StreamPools> {
+        let gpu = self.gpu.get()?;
+        let i = usize::try_from(pool.device()).ok()?;
+        [gpu.devices.get(i)?, gpu.segments.get(i)?]
+            .into_iter()
+            .filter_map(|s| s.get().copied())
+            .find(|g| g.holds(pool))
     }
 
-    /// The device stream pools made so far (none before the device side is chosen).
+    /// The device stream pools made so far (none before the device side is chosen): each
+    /// device's side, then PyTorch's segments where they are apart.
     pub fn device_groups(&self) -> Vec<&'static StreamPools> {
         self.gpu.get().map_or_else(Vec::new, |g| {
-            g.devices.iter().filter_map(|s| s.get().copied()).collect()
+            g.devices
+                .iter()
+                .chain(&g.segments)
+                .filter_map(|s| s.get().copied())
+                .collect()
         })
     }
 

@@ -15,10 +15,11 @@ pub use vmm::{Space, VmmBacking};
 
 /// What kind of memory a block is, as reported by `ump_identify`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum ump_kind {
     /// Unknown: not ours, and neither CUDA nor the host page tables know it.
+    #[default]
     UMP_KIND_UNKNOWN = 0,
     /// Ours: plain aligned host memory (modes `host` and `device`, NumPy side).
     UMP_KIND_HOST = 1,

@@ -60,6 +60,7 @@ fn defaults_are_those_of_before_the_table_carried_them() {
         device_side: SideRequest::Auto,
         pinned_limit: PinnedLimit::Percent(50),
         pinned_fork: PinnedFork::Share,
+        pin: Pin::Lazy,
         alignment: 512,
         limit: None,
         host_retain: 256 << 20,
@@ -69,6 +70,7 @@ fn defaults_are_those_of_before_the_table_carried_them() {
         managed_discard: true,
         oversubscribe: false,
         torch_route: TorchRoute::Segments,
+        torch_segments: TorchSegments::Auto,
         torch_fast_cpu: true,
         torch_unified: false,
         cupy_zero_copy: false,
@@ -86,6 +88,7 @@ fn every_field_has_a_row() {
         device_side: SideRequest::Forced(DeviceSide::Device),
         pinned_limit: PinnedLimit::Percent(7),
         pinned_fork: PinnedFork::Share,
+        pin: Pin::Lazy,
         alignment: 7,
         limit: Some(7),
         host_retain: 7,
@@ -95,6 +98,7 @@ fn every_field_has_a_row() {
         managed_discard: true,
         oversubscribe: true,
         torch_route: TorchRoute::Segments,
+        torch_segments: TorchSegments::Auto,
         torch_fast_cpu: true,
         torch_unified: true,
         cupy_zero_copy: true,
@@ -107,6 +111,7 @@ fn every_field_has_a_row() {
         device_side,
         pinned_limit,
         pinned_fork,
+        pin,
         alignment,
         limit,
         host_retain,
@@ -116,6 +121,7 @@ fn every_field_has_a_row() {
         managed_discard,
         oversubscribe,
         torch_route,
+        torch_segments,
         torch_fast_cpu,
         torch_unified,
         cupy_zero_copy,
@@ -126,6 +132,7 @@ fn every_field_has_a_row() {
             && device_side != u.device_side
             && pinned_limit != u.pinned_limit
             && pinned_fork != u.pinned_fork
+            && pin != u.pin
             && alignment != u.alignment
             && limit != u.limit
             && host_retain != u.host_retain
@@ -135,6 +142,7 @@ fn every_field_has_a_row() {
             && managed_discard != u.managed_discard
             && oversubscribe != u.oversubscribe
             && torch_route != u.torch_route
+            && torch_segments != u.torch_segments
             && torch_fast_cpu != u.torch_fast_cpu
             && torch_unified != u.torch_unified
             && cupy_zero_copy != u.cupy_zero_copy
@@ -379,4 +387,27 @@ fn table_names_every_variable_read() {
     ] {
         assert!(VARS.iter().any(|v| v.name.to_str() == Ok(name)), "{name}");
     }
+}
+
+#[test]
+fn pin_and_torch_segments_read_their_values_and_refuse_others() {
+    let c = cfg(&[
+        ("UMP_ALLOC_PIN", " EAGER"),
+        ("UMP_ALLOC_TORCH_SEGMENTS", "side"),
+    ])
+    .unwrap();
+    assert_eq!((c.pin, c.torch_segments), (Pin::Eager, TorchSegments::Side));
+    let c = cfg(&[("UMP_ALLOC_TORCH_SEGMENTS", "device")]).unwrap();
+    assert_eq!(
+        (c.pin, c.torch_segments),
+        (Pin::Lazy, TorchSegments::Device)
+    );
+    let e = cfg(&[("UMP_ALLOC_PIN", "now")]).unwrap_err();
+    assert!(
+        e.msg.contains("UMP_ALLOC_PIN=\"now\"") && e.msg.contains("lazy"),
+        "{}",
+        e.msg
+    );
+    let e = cfg(&[("UMP_ALLOC_TORCH_SEGMENTS", "managed")]).unwrap_err();
+    assert!(e.msg.contains("expected auto, device"), "{}", e.msg);
 }

@@ -4,7 +4,6 @@
 
 use super::{copy_cstr, guard, status, write_versioned};
 use crate::allocator;
-use crate::backing::Kind;
 use crate::error::{self, Error, Status};
 use crate::mode::ump_mode;
 use crate::pointer::ump_identity;
@@ -87,29 +86,6 @@ pub struct ump_capabilities {
     pub fork_rule: [c_char; 256],
 }
 
-/// The kind of memory a host side is made of.
-fn host_side_kind(s: crate::mode::HostSide) -> Kind {
-    use crate::mode::HostSide as H;
-    match s {
-        H::Host => Kind::UMP_KIND_HOST,
-        H::System => Kind::UMP_KIND_SYSTEM,
-        H::Pinned => Kind::UMP_KIND_REGISTERED,
-        H::Managed => Kind::UMP_KIND_MANAGED,
-    }
-}
-
-/// The kind of memory a device side is made of.
-fn device_side_kind(s: crate::mode::DeviceSide) -> Kind {
-    use crate::mode::DeviceSide as D;
-    match s {
-        D::None => Kind::UMP_KIND_UNKNOWN,
-        D::System => Kind::UMP_KIND_SYSTEM,
-        D::Managed => Kind::UMP_KIND_MANAGED,
-        D::Pinned => Kind::UMP_KIND_REGISTERED,
-        D::Device => Kind::UMP_KIND_DEVICE,
-    }
-}
-
 /// Fill `out` with the machine's capabilities and the mode (see `ump_capabilities`).
 /// Does not fix the mode. Returns `UMP_OK`, or `UMP_ERR_NULL` / `UMP_ERR_INVALID`.
 ///
@@ -140,8 +116,8 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
             Ok(sel) => {
                 c.mode = sel.mode.to_c();
                 copy_cstr(&mut c.mode_reason, &sel.reason());
-                c.host_side = host_side_kind(sel.sides.host);
-                c.device_side = device_side_kind(sel.sides.device);
+                c.host_side = sel.sides.host.kind();
+                c.device_side = sel.sides.device.kind();
                 copy_cstr(&mut c.host_reason, &sel.host_reason);
                 copy_cstr(&mut c.device_reason, &sel.device_reason);
             }
@@ -253,10 +229,13 @@ pub struct ump_pool_stat {
     /// Bytes of address space its chunks hold: more than `mapped` for a virtual-memory pool
     /// (pages are mapped into it as blocks land on them), equal otherwise (version 2).
     pub reserved: u64,
+    /// The kind of memory it is made of: a device's pools are of the device side's kind, and
+    /// PyTorch's segments may be plain device memory beside them (version 3).
+    pub kind: crate::backing::ump_kind,
 }
 
-/// Current version of `struct ump_pool_stat` (2: `reserved`).
-pub const UMP_POOL_STAT_VERSION: u32 = 2;
+/// Current version of `struct ump_pool_stat` (2: `reserved`; 3: `kind`).
+pub const UMP_POOL_STAT_VERSION: u32 = 3;
 
 /// Fill `*out` with pool number `index` (0, 1, ...: the host side's pools, then each device's,
 /// one per stream). Returns `UMP_OK`; `UMP_ERR_INVALID` past the last pool (and before the first
@@ -294,6 +273,7 @@ pub unsafe extern "C" fn ump_pool_stat(index: usize, out: *mut ump_pool_stat) ->
             cached: r.cached as u64,
             largest_free: r.largest_free as u64,
             reserved: r.reserved as u64,
+            kind: r.kind,
         };
         // SAFETY: non-NULL; the caller provides `size` bytes (the whole struct when 0).
         match unsafe { write_versioned(out, full) } {

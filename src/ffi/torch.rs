@@ -429,6 +429,23 @@ pub extern "C" fn ump_torch_unhook_segments() -> c_int {
     })
 }
 
+/// Choose the memory PyTorch's new segments come from (`UMP_ALLOC_TORCH_SEGMENTS`'s values):
+/// `"device"` (plain device memory, one driver allocation per segment: CUDA IPC shares it),
+/// `"side"` (the device side's memory, what CuPy gets: managed memory by default, which the
+/// host can view) or `"auto"` (back to the configuration). Segments made before stay where they
+/// are. Returns `UMP_OK`; `UMP_ERR_INVALID` for another value; `UMP_ERR_NULL` for NULL.
+///
+/// # Safety
+/// `which` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_torch_segment_memory(which: *const c_char) -> c_int {
+    status("ump_torch_segment_memory", || {
+        // SAFETY: NULL or a NUL-terminated string, per the contract.
+        let which = unsafe { path_arg(which, "which") }?;
+        allocator::set_segment_memory(which)
+    })
+}
+
 /// The file of the `cudaMalloc` that PyTorch's segments route hands requests ump-alloc does
 /// not serve to (the CUDA runtime's, or an interposer's that was in the slot before), as a
 /// NUL-terminated path valid for the life of the process; NULL when the route was never

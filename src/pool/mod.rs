@@ -141,6 +141,8 @@ pub struct PoolReport {
     /// The largest free span: the largest block that fits without mapping (or committing)
     /// more.
     pub largest_free: usize,
+    /// The kind of memory it is made of.
+    pub kind: Kind,
 }
 
 /// The result of an allocation.
@@ -710,6 +712,7 @@ impl Pool {
             reserved,
             cached: self.cached_bytes(),
             largest_free,
+            kind: self.kind(),
         }
     }
 

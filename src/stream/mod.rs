@@ -206,6 +206,11 @@ impl StreamPools {
         self.iter().collect()
     }
 
+    /// Whether `pool` is one of these pools.
+    pub fn holds(&self, pool: &Pool) -> bool {
+        self.iter().any(|p| std::ptr::eq(p, pool))
+    }
+
     /// The pool of `stream` (0: the legacy default stream): found lock-free, else a retired
     /// pool that holds nothing any more is recycled, else one is made.
     #[inline]
