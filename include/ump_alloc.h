@@ -768,6 +768,13 @@ int ump_stats(struct ump_stats *out);
 // `reset_peak_memory_stats`). Returns `UMP_OK`.
 int ump_reset_peak(void);
 
+// 1 while the host side's memory is pinned as it is made: pinned host memory with
+// `UMP_ALLOC_PIN=eager`, or once the process used a GPU (its first device-side allocation, a
+// transfer call of ump-alloc's, or a CUDA context found active when a chunk was mapped); 0
+// otherwise: no GPU used in this process yet (its NumPy memory waits to be pinned, and no CUDA
+// context was made for it), or a host side that is not pinned memory.
+int ump_host_pinned(void);
+
 // Fill `*out` with pool number `index` (0, 1, ...: the host side's pools, then each device's,
 // one per stream). Returns `UMP_OK`; `UMP_ERR_INVALID` past the last pool (and before the first
 // allocation): the end of the list, with a message in `ump_last_error()` but not counted as an

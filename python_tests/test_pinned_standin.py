@@ -124,7 +124,9 @@ def _run(standin, env):
 
 
 def test_a_large_shared_chunk_is_resident_before_it_is_registered(standin):
-    out, (size, resident) = _run(standin, {"UMP_ALLOC": "1"})
+    # Pinned as it is made (this stand-in cannot say whether a context is active, so lazy
+    # pinning would wait for a device allocation: test_no_context.py covers that way).
+    out, (size, resident) = _run(standin, {"UMP_ALLOC": "1", "UMP_ALLOC_PIN": "eager"})
     assert out["fork_rule"] is True, out
     assert resident == size, f"{resident} of {size} bytes resident when registered"
     # The threads that faulted the pages in are gone when the allocation returns.
@@ -133,7 +135,7 @@ def test_a_large_shared_chunk_is_resident_before_it_is_registered(standin):
 
 
 def test_control_anonymous_pinned_pages_are_left_to_the_registration(standin):
-    out, (size, resident) = _run(standin, {"UMP_ALLOC": "1", "UMP_ALLOC_PINNED_FORK": "copy"})
+    out, (size, resident) = _run(standin, {"UMP_ALLOC": "1", "UMP_ALLOC_PINNED_FORK": "copy", "UMP_ALLOC_PIN": "eager"})
     assert out["fork_rule"] is False, out
     assert resident < size // 100, f"{resident} of {size} bytes resident when registered"
     assert out["child_ok"] and out["parent_kept"], out

@@ -41,6 +41,8 @@ pub fn host_access(ptr: usize, size: usize, stream: usize, touch: f64) -> Result
     if !cuda::available() {
         return Ok(());
     }
+    // A transfer call: the process uses a GPU (NumPy's memory is pinned from now on).
+    crate::backing::pin_host_side(cuda::current_device());
     let dev = r.map_or(0, |r| r.device.max(0));
     let prefetch_min = transfer::prefetch_min();
     let facts = transfer::facts_of(r.as_ref(), size, Direction::ToHost, dev, touch);
@@ -90,6 +92,9 @@ pub fn device_access(
         return Err(Error::unsupported("no GPU: device access is not possible"));
     }
     allocator::check_device(device)?;
+    // A transfer call: the process uses a GPU, and NumPy's memory is pinned (so that this
+    // range, if it is NumPy's, is reachable) before the range is classified.
+    crate::backing::pin_host_side(Some(device));
     if size == 0 {
         return Ok(());
     }

@@ -15,7 +15,8 @@
 //! 5. each device's orphan list, each device's table of blocks recorded on other streams,
 //!    each device's virtual-memory space, the CUDA event cache, the scope table, the queue of
 //!    background migrations;
-//! 6. the shared pinned memory's lock, then its table of live ranges (`backing::shared`).
+//! 6. the host side's list of chunks waiting to be pinned (`backing::registered`), the shared
+//!    pinned memory's lock, then its table of live ranges (`backing::shared`).
 //!
 //! In the child, the shared pinned memory is mapped again, private (`backing::shared`), and
 //! the caches of threads that do not exist there go back to their pools.
@@ -70,6 +71,7 @@ fn prepare() {
     cuda::fork_lock_events(h);
     scope::fork_lock(h);
     migrate::fork_lock(h);
+    backing::registered::fork_lock(h);
     backing::shared::fork_prepare(h);
     HELD.with(|h| *h.borrow_mut() = Some(held));
 }

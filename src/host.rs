@@ -54,7 +54,8 @@ impl HostPools {
             ),
             HostSide::Pinned => {
                 let share = config.pinned_fork == PinnedFork::Share;
-                let (b, why) = RegisteredBacking::host(share);
+                let lazy = config.pin == crate::config::Pin::Lazy;
+                let (b, why) = RegisteredBacking::host(share, lazy);
                 let mut h = Self::with_backing(side, Box::new(b), config.host_retain, config);
                 h.fork_share = why;
                 return h;

@@ -108,6 +108,11 @@ pub fn identify(ptr: usize) -> ump_identity {
             id.ours = true;
             id.base = info.base;
             id.block_size = info.size;
+            // Pinned host memory waiting for the process's first use of a GPU: host memory
+            // only, for now.
+            if id.kind == Kind::UMP_KIND_REGISTERED && !crate::backing::pinned_at(ptr) {
+                id.device_accessible = false;
+            }
         }
         // Memory we hold in cache but that is not a live block.
         Pointer::Pooled(p) => of_pool(&mut id, p),
@@ -163,7 +168,11 @@ pub fn region(ptr: usize, size: usize) -> Result<Region> {
                     b.base, b.size
                 )));
             }
-            let kind = b.pool.kind();
+            let kind = match b.pool.kind() {
+                // Not pinned yet (no GPU used in this process): plain host memory for now.
+                Kind::UMP_KIND_REGISTERED if !crate::backing::pinned_at(ptr) => Kind::UMP_KIND_HOST,
+                k => k,
+            };
             Ok(Region {
                 kind,
                 device: b.pool.device(),

@@ -65,6 +65,18 @@ def _what_it_means(problems_stop: bool) -> None:
         print(f"  {label:<8} {v:<12} {what}")
 
 
+def _pin_rule() -> str:
+    """When NumPy's memory is pinned (UMP_ALLOC_PIN), for info."""
+    pin = next((r["parsed"] for r in ump_alloc.config_table() if r["name"] == "UMP_ALLOC_PIN"), None)
+    if pin == "eager":
+        return "as it is made (UMP_ALLOC_PIN=eager): a CUDA context at the first NumPy array"
+    return (
+        "at the process's first use of a GPU (UMP_ALLOC_PIN=lazy): not pinned yet (no GPU used "
+        "in this process); a NumPy-only process makes no CUDA context, and its copies to a GPU "
+        "run at pageable speed until then"
+    )
+
+
 def _torch_route() -> None:
     """The PyTorch route configured, and what it means (PyTorch is not imported)."""
     from ump_alloc import _torch
@@ -166,6 +178,8 @@ def info() -> int:
             print(f"    fork(): {caps['fork_rule']}")
         if caps["fork_shared"]:
             print(f"    shared pages: {shared_pages()}")
+        if caps["host_side"] == "pinned":
+            print(f"    pinned: {_pin_rule()}")
         print(f"  device side (CuPy, PyTorch):  {caps['device_side']}")
         print(f"    why: {caps['device_reason']}")
     else:

@@ -26,10 +26,17 @@ class Identity:
         where = f"device {self.device}" if self.device >= 0 else "host"
         block = f" block {self.base:#x}+{self.size}" if self.base else ""
         access = ", ".join(n for n, ok in (("host", self.host_accessible), ("device", self.device_accessible)) if ok)
+        waiting = " (not pinned yet: no GPU used in this process)" if self.unpinned else ""
         return (
             f"<Identity {self.address:#x}: {'ours' if self.ours else 'not ours'}, {self.kind}, {where},"
-            f"{block} reachable by: {access or 'nobody known'}>"
+            f"{block} reachable by: {access or 'nobody known'}{waiting}>"
         )
+
+    @property
+    def unpinned(self) -> bool:
+        """Pinned host memory waiting for the process's first use of a GPU
+        (``UMP_ALLOC_PIN=lazy``): host memory only until then."""
+        return self.ours and self.kind == "registered" and not self.device_accessible
 
 
 def address(obj: object) -> int:
@@ -75,7 +82,9 @@ def capabilities() -> dict:
     """The machine's capabilities and the mode (in force, or that would be chosen).
     ``fork_shared``: NumPy's pinned pages are shared with ``fork()`` children rather than copied
     into them (``UMP_ALLOC_PINNED_FORK``); ``fork_rule``: what a fork child gets of NumPy's
-    memory and what it sees."""
+    memory and what it sees; ``host_pinned``: NumPy's memory is pinned as it is made now (with
+    ``UMP_ALLOC_PIN=lazy``, only once this process used a GPU: before, it makes no CUDA
+    context)."""
     c = _lib.Capabilities()
     c.size = ctypes.sizeof(_lib.Capabilities)
     _lib.check(_lib.lib().ump_capabilities(ctypes.byref(c)), "ump_capabilities")
@@ -110,4 +119,5 @@ def capabilities() -> dict:
         "devices": devices,
         "fork_shared": bool(c.fork_shared),
         "fork_rule": c.fork_rule.decode(errors="replace"),
+        "host_pinned": bool(_lib.lib().ump_host_pinned()),
     }

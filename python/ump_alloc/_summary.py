@@ -96,7 +96,8 @@ def memory_summary() -> str:
         f = fb[0] if fb else {"mapped": 0, "cached": 0, "largest_free": 0, "reserved": 0}
         pool_row("  fallback (plain host memory)", f, "-", _count(st["host_fallback"]["allocs"]))
     if st["host_kind"] == "registered":
-        rows.append((f"  pinned: {_size(st['pinned']['bytes'])} of cap {_size(st['pinned']['cap'])}", None))
+        pinned = "" if _lib.lib().ump_host_pinned() else " (not pinned yet: no GPU used in this process)"
+        rows.append((f"  pinned: {_size(st['pinned']['bytes'])} of cap {_size(st['pinned']['cap'])}{pinned}", None))
     held = st["fork_held"]
     if held["blocks"]:
         rows.append((f"  held back for fork() children: {_size(held['bytes'])} in {_count(held['blocks'])} "

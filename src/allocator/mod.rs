@@ -540,7 +540,12 @@ impl Allocator {
                 .map_or(0, |d| d.total_memory as usize);
             g.set_managed_discard(self.config.managed_discard, memory);
         }
-        Ok(*slot.get_or_init(|| g))
+        let g = *slot.get_or_init(|| g);
+        drop(_g);
+        // The process's first device-side allocation on this device: it uses a GPU, so NumPy's
+        // memory is pinned now, before the data is copied to the device.
+        crate::backing::pin_host_side(Some(device));
+        Ok(g)
     }
 
     /// The virtual-memory space of `device` for plain device memory, where the driver supports

@@ -10,7 +10,9 @@ use std::ptr::NonNull;
 pub mod registered;
 pub mod shared;
 pub mod vmm;
-pub use registered::{RegisteredBacking, pinned, set_pinned_cap};
+pub use registered::{
+    RegisteredBacking, host_pinning_active, pin_host_side, pinned, pinned_at, set_pinned_cap,
+};
 pub use vmm::{Space, VmmBacking};
 
 /// What kind of memory a block is, as reported by `ump_identify`.

@@ -3,15 +3,99 @@
 
 use super::{Backing, Chunk, Growth, HUGEPAGE_MIN, Kind, RangeBook};
 use crate::error::{Error, Result};
+use crate::prim::fork::{Held, lock};
 use crate::prim::{cuda, os};
 use crate::registry::GRANULE;
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 /// Bytes of host memory pinned by every [`RegisteredBacking`] of the process.
 static PINNED: AtomicUsize = AtomicUsize::new(0);
 /// The cap on [`PINNED`] (`UMP_ALLOC_PINNED_LIMIT`), set once at initialisation.
 static PINNED_CAP: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+// ---- pinning at the first use of a GPU (`UMP_ALLOC_PIN=lazy`) ------------------------------
+//
+// Registering host memory needs a CUDA context (518 MiB of GPU memory and ~0.4 s per process on
+// the lent H100), so a process that only uses NumPy must not register anything. The host side's
+// chunks are mapped unregistered (`LAZY`) until the process uses a GPU: `pin_host_side` (its
+// first device-side allocation, a transfer call of ump-alloc's) or a CUDA context found active
+// when a chunk is mapped. From then on every chunk waiting is registered, and every new one as
+// it is made. Unpinned chunks are ordinary host memory for everyone (identify, the transfer
+// rules) and count against the pinned cap already, so that pinning them later never passes it.
+
+/// Host chunks mapped but not registered yet, by base: (size, shared pages). Registering and
+/// the switch happen under it, so no chunk is registered and unmapped at once; taken at fork
+/// after the pools' locks.
+static LAZY: Mutex<BTreeMap<usize, (usize, bool)>> = Mutex::new(BTreeMap::new());
+/// Entries in `LAZY` (0 lets `pinned_at` answer without the lock).
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+/// The host side pins its chunks as they are made (the process uses a GPU).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The device whose primary context registers host chunks once pinning is active.
+static PIN_DEVICE: AtomicI32 = AtomicI32::new(0);
+
+/// The process uses a GPU now (`device`'s context, where known): register every host chunk
+/// waiting to be pinned, and pin new ones as they are made. Does nothing once done, or where
+/// CUDA cannot be used (no driver, a fork child).
+pub fn pin_host_side(device: Option<i32>) {
+    if ACTIVE.load(Ordering::Acquire) || !cuda::available() {
+        return;
+    }
+    let mut waiting = lock(&LAZY);
+    activate(&mut waiting, device.unwrap_or(0));
+}
+
+/// Switch pinning on, with `LAZY` held, and register what waits.
+fn activate(waiting: &mut BTreeMap<usize, (usize, bool)>, device: i32) {
+    if ACTIVE.load(Ordering::Acquire) {
+        return;
+    }
+    PIN_DEVICE.store(device.max(0), Ordering::Relaxed);
+    ACTIVE.store(true, Ordering::Release);
+    let mut failed = BTreeMap::new();
+    for (base, (size, shared)) in std::mem::take(waiting) {
+        populate(shared, base, size);
+        // SAFETY: a mapping of the host side's, registered once (it was waiting), and not
+        // unmapped meanwhile: unmapping takes `LAZY` first.
+        if let Err(e) = unsafe { cuda::register(base, size, device) } {
+            // It stays plain host memory (identify says so); the next chunks are pinned.
+            crate::error::set_last(&format!(
+                "pinning a host chunk waiting for the GPU: {}",
+                e.msg
+            ));
+            failed.insert(base, (size, shared));
+        }
+    }
+    WAITING.store(failed.len(), Ordering::Relaxed);
+    *waiting = failed;
+}
+
+/// Whether the host side's chunks are pinned as they are made now (the process used a GPU, or
+/// `UMP_ALLOC_PIN=eager`).
+pub fn host_pinning_active() -> bool {
+    ACTIVE.load(Ordering::Acquire)
+}
+
+/// Whether the registered chunk holding `addr` is pinned (false while it waits for the
+/// process's first use of a GPU).
+pub fn pinned_at(addr: usize) -> bool {
+    if WAITING.load(Ordering::Acquire) == 0 {
+        return true;
+    }
+    let waiting = lock(&LAZY);
+    waiting
+        .range(..=addr)
+        .next_back()
+        .is_none_or(|(&base, &(size, _))| addr >= base + size)
+}
+
+/// Fork: the list of chunks waiting to be pinned (after every pool's locks).
+pub(crate) fn fork_lock(held: &mut Held) {
+    held.push(lock(&LAZY));
+}
 
 /// Set the cap on pinned host memory (at initialisation).
 pub fn set_pinned_cap(bytes: usize) {
@@ -44,6 +128,9 @@ pub struct RegisteredBacking {
     /// Register the pages with CUDA (false only in tests on machines without a GPU: everything
     /// else is the same).
     register: bool,
+    /// Register the pages only once the process uses a GPU (the host side's chunks with
+    /// `UMP_ALLOC_PIN=lazy`; see `pin_host_side`).
+    lazy: bool,
 }
 
 impl RegisteredBacking {
@@ -53,18 +140,24 @@ impl RegisteredBacking {
             device,
             shared: false,
             register: true,
+            lazy: false,
         }
     }
 
     /// The host side's pinned pages: shared-file pages when `share` and the machine allows
-    /// it, else anonymous ones, with the reason.
-    pub fn host(share: bool) -> (Self, std::result::Result<(), String>) {
+    /// it, else anonymous ones, with the reason. `lazy`: pinned only once the process uses a
+    /// GPU (else each chunk as it is made).
+    pub fn host(share: bool, lazy: bool) -> (Self, std::result::Result<(), String>) {
         let why = Self::host_share(share);
         let b = RegisteredBacking {
             device: -1,
             shared: why.is_ok(),
             register: true,
+            lazy,
         };
+        if !lazy {
+            ACTIVE.store(true, Ordering::Release);
+        }
         (b, why)
     }
 
@@ -85,27 +178,64 @@ impl RegisteredBacking {
             device: -1,
             shared: shared && super::shared::available().is_ok(),
             register: false,
+            lazy: false,
         }
+    }
+
+    /// The device whose context registers this backing's chunks.
+    fn pin_device(&self) -> i32 {
+        if self.device >= 0 {
+            self.device
+        } else {
+            PIN_DEVICE.load(Ordering::Relaxed)
+        }
+    }
+
+    /// Register a new chunk, or, while the host side waits for the first use of a GPU (and no
+    /// context is active: else that is the first use), leave it waiting. Returns whether it
+    /// was registered.
+    fn register_new(&self, base: usize, size: usize) -> Result<bool> {
+        if !self.register {
+            return Ok(false);
+        }
+        if self.lazy && !ACTIVE.load(Ordering::Acquire) {
+            let mut waiting = lock(&LAZY);
+            match cuda::active_context_device() {
+                Some(dev) => activate(&mut waiting, dev),
+                None if !ACTIVE.load(Ordering::Acquire) => {
+                    waiting.insert(base, (size, self.shared));
+                    WAITING.fetch_add(1, Ordering::Relaxed);
+                    return Ok(false);
+                }
+                None => {}
+            }
+        }
+        populate(self.shared, base, size);
+        // SAFETY: the mapping is ours and stays until unmap, which unregisters first.
+        unsafe { cuda::register(base, size, self.pin_device()) }?;
+        Ok(true)
+    }
+
+    /// Whether the chunk at `base` waits to be pinned; `forget` takes it off the list.
+    fn waiting(&self, base: usize, forget: bool) -> bool {
+        if !self.lazy || WAITING.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let mut waiting = lock(&LAZY);
+        let found = if forget {
+            waiting.remove(&base).is_some()
+        } else {
+            waiting.contains_key(&base)
+        };
+        if found && forget {
+            WAITING.fetch_sub(1, Ordering::Relaxed);
+        }
+        found
     }
 
     /// Whether the pages are shared-file pages, which fork() does not copy.
     pub fn is_shared(&self) -> bool {
         self.shared
-    }
-
-    /// Before registering shared-file pages: fault them in from several threads at once.
-    /// Registering faults in whatever is not yet there, one 4 KiB page at a time where shared
-    /// memory gets no transparent huge pages (the lent machines): 0.45-0.6 s per GiB against
-    /// 0.2 s for anonymous huge pages; four threads halve it (`benches/pinned_make_probe.c`,
-    /// BENCHMARKS §22). Anonymous pages are left to the registration (huge pages: fast already).
-    fn populate(&self, base: usize, size: usize) {
-        if !(self.shared && self.register) || size < POPULATE_PIECE * 2 {
-            return;
-        }
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = POPULATE_THREADS.min(cpus).min(size / POPULATE_PIECE);
-        // Refused (an old kernel, no memory): the registration faults the pages in, or fails.
-        os::populate_write(base as *mut u8, size, threads, 2 << 20);
     }
 
     /// Make `[base, base+size)` of a reservation usable.
@@ -175,11 +305,7 @@ impl Backing for RegisteredBacking {
         if size >= HUGEPAGE_MIN {
             os::advise_hugepage(base as *mut u8, size);
         }
-        self.populate(base, size);
-        // SAFETY: the mapping is ours and stays until unmap, which unregisters first.
-        if self.register
-            && let Err(e) = unsafe { cuda::register(base, size, self.device) }
-        {
+        if let Err(e) = self.register_new(base, size) {
             PINNED.fetch_sub(size, Ordering::Relaxed);
             // SAFETY: never handed out.
             unsafe { os::unmap(p, raw_size) };
@@ -191,11 +317,12 @@ impl Backing for RegisteredBacking {
         Ok(Chunk::mapped(base, size, raw_size))
     }
     unsafe fn unmap(&self, chunk: &Chunk) {
-        // SAFETY: forwarded from the caller's contract; registered in `map`. In a fork()
-        // child the call is refused (the registration belongs to the parent) and the pages,
-        // the child's own copies, are simply unmapped.
-        if self.register {
-            let _ = unsafe { cuda::unregister(chunk.raw, self.device) };
+        // SAFETY: forwarded from the caller's contract; registered in `map` or when pinning
+        // began (unless it still waits: then taken off the list, under its lock, so that it
+        // is not pinned meanwhile). In a fork() child the call is refused (the registration
+        // belongs to the parent) and the pages, the child's own copies, are simply unmapped.
+        if self.register && !self.waiting(chunk.raw, true) {
+            let _ = unsafe { cuda::unregister(chunk.raw, self.pin_device()) };
         }
         if let Some(p) = NonNull::new(chunk.raw as *mut u8) {
             // SAFETY: forwarded from the caller's contract.
@@ -219,7 +346,13 @@ impl Backing for RegisteredBacking {
         if chunk.raw != chunk.base || size <= chunk.size || chunk.base + size > room {
             return Growth::Refused;
         }
-        if self.register && !cuda::available() {
+        // A chunk waiting to be pinned grows as plain memory does (pinned later, whole). It
+        // stays waiting throughout: pinning takes the list's lock, held here.
+        let mut waiting = self.lazy.then(|| lock(&LAZY));
+        let unpinned = waiting
+            .as_ref()
+            .is_some_and(|w| w.contains_key(&chunk.base));
+        if self.register && !unpinned && !cuda::available() {
             return Growth::Refused;
         }
         let delta = size - chunk.size;
@@ -269,22 +402,27 @@ impl Backing for RegisteredBacking {
             advised: size >= HUGEPAGE_MIN,
             ..*chunk
         };
-        if !self.register {
+        if unpinned && let Some(w) = waiting.as_mut() {
+            w.insert(chunk.base, (size, self.shared));
+        }
+        if !self.register || unpinned {
             return Growth::Grown(grown);
         }
-        self.populate(chunk.base + chunk.size, delta);
+        drop(waiting);
+        let device = self.pin_device();
+        populate(self.shared, chunk.base + chunk.size, delta);
         // SAFETY: the chunk was registered by `map` (or an earlier grow) at its base, and its
         // one live block is not used by the device during a realloc (the caller's contract).
-        if let Err(e) = unsafe { cuda::unregister(chunk.base, self.device) } {
+        if let Err(e) = unsafe { cuda::unregister(chunk.base, device) } {
             why(&e.msg);
             undo();
             return Growth::Refused;
         }
         // SAFETY: `[base, base+size)` is mapped and ours.
-        if let Err(e) = unsafe { cuda::register(chunk.base, size, self.device) } {
+        if let Err(e) = unsafe { cuda::register(chunk.base, size, device) } {
             undo();
             // SAFETY: as above, the range it had before.
-            return match unsafe { cuda::register(chunk.base, chunk.size, self.device) } {
+            return match unsafe { cuda::register(chunk.base, chunk.size, device) } {
                 Ok(()) => {
                     why(&e.msg);
                     Growth::Refused
@@ -301,6 +439,22 @@ impl Backing for RegisteredBacking {
         }
         Growth::Grown(grown)
     }
+}
+
+/// Before registering shared-file pages (`shared`): fault them in from several threads at
+/// once. Registering faults in whatever is not yet there, one 4 KiB page at a time where shared
+/// memory gets no transparent huge pages (the lent machines): 0.45-0.6 s per GiB against 0.2 s
+/// for anonymous huge pages; four threads halve it (`benches/pinned_make_probe.c`, BENCHMARKS
+/// §22). Anonymous pages are left to the registration (huge pages: fast already). Pages
+/// already there (a chunk NumPy used before it was pinned) are left as they are.
+fn populate(shared: bool, base: usize, size: usize) {
+    if !shared || size < POPULATE_PIECE * 2 {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = POPULATE_THREADS.min(cpus).min(size / POPULATE_PIECE);
+    // Refused (an old kernel, no memory): the registration faults the pages in, or fails.
+    os::populate_write(base as *mut u8, size, threads, 2 << 20);
 }
 
 /// Threads that fault in a large chunk's shared pages before it is registered, at most, and

@@ -203,6 +203,20 @@ pub extern "C" fn ump_reset_peak() -> c_int {
     })
 }
 
+/// 1 while the host side's memory is pinned as it is made: pinned host memory with
+/// `UMP_ALLOC_PIN=eager`, or once the process used a GPU (its first device-side allocation, a
+/// transfer call of ump-alloc's, or a CUDA context found active when a chunk was mapped); 0
+/// otherwise: no GPU used in this process yet (its NumPy memory waits to be pinned, and no CUDA
+/// context was made for it), or a host side that is not pinned memory.
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_host_pinned() -> c_int {
+    guard("ump_host_pinned", 0, || {
+        let pinned_side = crate::allocator::get()
+            .is_some_and(|a| a.host_pool().kind() == crate::backing::Kind::UMP_KIND_REGISTERED);
+        c_int::from(pinned_side && crate::backing::host_pinning_active())
+    })
+}
+
 /// One pool of ump-alloc, as `ump_pool_stat` reports it. Versioned like `ump_stats`.
 #[repr(C)]
 #[derive(Clone, Copy)]

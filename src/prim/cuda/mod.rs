@@ -127,6 +127,7 @@ driver_table! {
     ;
     optional:
     cuCtxGetDevice: fn(*mut CUdevice);
+    cuDevicePrimaryCtxGetState: fn(CUdevice, *mut c_uint, *mut c_int);
     cuMemPrefetchAsync_v2: fn(CUdeviceptr, usize, CUmemLocation, c_uint, CUstream);
     cuMemAdvise_v2: fn(CUdeviceptr, usize, CUmem_advise, CUmemLocation);
     // Virtual memory management (CUDA 10.2+).
@@ -291,6 +292,51 @@ fn primary_context(d: &Driver, device: i32) -> Result<CUcontext> {
     )?;
     let _ = slot.set(ctx as usize);
     Ok(slot.get().map_or(ctx, |&c| c as CUcontext))
+}
+
+/// The first device whose primary context is active (made by anyone in this process: CuPy,
+/// PyTorch, ump-alloc), read without making one. None when none is, without a driver, in a
+/// fork child, or when the driver cannot tell.
+pub fn active_context_device() -> Option<i32> {
+    let d = driver().ok()?;
+    let state = d.cuDevicePrimaryCtxGetState?;
+    let n = CONTEXTS.get().map_or_else(
+        || {
+            let mut n = 0;
+            // SAFETY: valid out-pointer.
+            unsafe { (d.cuDeviceGetCount)(&mut n) };
+            n
+        },
+        |v| v.len() as c_int,
+    );
+    (0..n).find(|&i| {
+        let mut dev: CUdevice = 0;
+        let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+        // SAFETY: valid out-pointers; the ordinal is below the device count.
+        let read = unsafe {
+            (d.cuDeviceGet)(&mut dev, i) == CUDA_SUCCESS
+                && state(dev, &mut flags, &mut active) == CUDA_SUCCESS
+        };
+        read && active != 0
+    })
+}
+
+/// Whether `device`'s primary context is active (see [`active_context_device`]); true where
+/// the driver cannot tell, so that callers that skip work for an inactive context never skip
+/// it wrongly.
+pub fn context_active(device: i32) -> bool {
+    let Ok(d) = driver() else { return false };
+    let Some(state) = d.cuDevicePrimaryCtxGetState else {
+        return true;
+    };
+    let mut dev: CUdevice = 0;
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    // SAFETY: valid out-pointers; a bad ordinal only returns an error code.
+    let known = unsafe {
+        (d.cuDeviceGet)(&mut dev, device) == CUDA_SUCCESS
+            && state(dev, &mut flags, &mut active) == CUDA_SUCCESS
+    };
+    !known || active != 0
 }
 
 /// Run `f` with device `device`'s primary context current, restoring the caller's afterwards.

@@ -20,7 +20,12 @@ pub fn stream_create(device: i32) -> Result<usize> {
 }
 
 /// Wait for all work queued on `stream` (0: the legacy default stream) in `device`'s context.
+/// Where that context is not active, no work can be queued in it: nothing is waited for, and
+/// no context is made for the wait.
 pub fn stream_synchronize(stream: usize, device: i32) -> Result<()> {
+    if !context_active(device.max(0)) {
+        return Ok(());
+    }
     with_device(device.max(0), |d| {
         // SAFETY: the driver validates the stream handle.
         check(
@@ -32,8 +37,12 @@ pub fn stream_synchronize(stream: usize, device: i32) -> Result<()> {
 }
 
 /// Wait for all work queued on every stream of `device`'s primary context (the last resort
-/// of stream-ordered reuse when a stream handle is no longer valid).
+/// of stream-ordered reuse when a stream handle is no longer valid). Nothing to wait for (and
+/// no context made) where the context is not active.
 pub fn device_synchronize(device: i32) -> Result<()> {
+    if !context_active(device.max(0)) {
+        return Ok(());
+    }
     with_device(device.max(0), |d| {
         // SAFETY: no arguments; the context is current.
         check(d, unsafe { (d.cuCtxSynchronize)() }, "cuCtxSynchronize")

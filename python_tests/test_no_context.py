@@ -1,0 +1,265 @@
+"""No CUDA context until the program uses a GPU (issue 33), over a stand-in CUDA driver.
+
+The stand-in libcuda.so.1 answers like one GPU without HMM/ATS (so NumPy's side is pinned host
+memory) and counts what costs a real process GPU memory: primary-context retains (each active
+primary context holds 518 MiB on the lent H100) and host registrations, which need a context.
+It reports a primary context active once retained (``cuDevicePrimaryCtxGetState``), and
+``standin_activate()`` plays another library (PyTorch, CuPy) making one. Managed memory is
+plain memory here, so a device-side allocation (CuPy's, PyTorch's segments) runs end to end.
+
+Each program prints one JSON line; every check has a control that shows the violation it
+guards against (UMP_ALLOC_PIN=eager, today's behaviour before the change, makes a context at
+the first array)."""
+
+import json
+import textwrap
+
+import pytest
+
+from conftest import build_stand_in_cuda, run_python, stand_in_env
+
+STANDIN = textwrap.dedent(
+    r"""
+    #include <pthread.h>
+    #include <stddef.h>
+    #include <string.h>
+    #include <sys/mman.h>
+
+    enum { PAGEABLE_MEMORY_ACCESS = 88, USES_HOST_PAGE_TABLES = 100, VMM = 102, LOG = 256 };
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static long retains, registrations, unregistrations, ctx_creates;
+    static int active;
+    static size_t reg_base[LOG], reg_size[LOG];
+    static int nreg;
+    static void *maps[LOG];
+    static size_t map_len[LOG];
+
+    int cuInit(unsigned f) { (void)f; return 0; }
+    int cuDriverGetVersion(int *v) { *v = 12080; return 0; }
+    int cuDeviceGetCount(int *n) { *n = 1; return 0; }
+    int cuDeviceGet(int *d, int i) { *d = i; return i == 0 ? 0 : 101; }
+    int cuDeviceGetName(char *s, int len, int d) { (void)d; strncpy(s, "stand-in", len); return 0; }
+    int cuDeviceGetAttribute(int *v, int attr, int d) {
+        (void)d;
+        *v = attr == PAGEABLE_MEMORY_ACCESS || attr == USES_HOST_PAGE_TABLES || attr == VMM ? 0 : 1;
+        return 0;
+    }
+    int cuDeviceTotalMem_v2(size_t *b, int d) { (void)d; *b = (size_t)16 << 30; return 0; }
+    /* What makes a context: counted, and active from then on. */
+    int cuDevicePrimaryCtxRetain(void **c, int d) {
+        (void)d;
+        pthread_mutex_lock(&mu);
+        retains++;
+        active = 1;
+        pthread_mutex_unlock(&mu);
+        *c = (void *)0x1;
+        return 0;
+    }
+    int cuCtxCreate_v2(void **c, unsigned f, int d) { (void)f; (void)d; ctx_creates++; active = 1; *c = (void *)0x2; return 0; }
+    int cuDevicePrimaryCtxGetState(int d, unsigned *flags, int *a) { (void)d; *flags = 0; *a = active; return 0; }
+    int cuCtxPushCurrent_v2(void *c) { (void)c; return 0; }
+    int cuCtxPopCurrent_v2(void **c) { if (c) *c = (void *)0x1; return 0; }
+    int cuCtxGetDevice(int *d) { if (!active) return 201; *d = 0; return 0; }
+    int cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t)8 << 30; *t = (size_t)16 << 30; return 0; }
+    int cuGetErrorName(int e, const char **s) { (void)e; *s = "CUDA_ERROR_STANDIN"; return 0; }
+    int cuMemHostRegister_v2(void *p, size_t n, unsigned f) {
+        (void)f;
+        pthread_mutex_lock(&mu);
+        registrations++;
+        if (nreg < LOG) reg_base[nreg] = (size_t)p, reg_size[nreg] = n, nreg++;
+        pthread_mutex_unlock(&mu);
+        return 0;
+    }
+    int cuMemHostUnregister(void *p) { (void)p; unregistrations++; return 0; }
+    /* Managed and device memory: plain memory. */
+    static int alloc(unsigned long long *p, size_t n) {
+        void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return 2;
+        pthread_mutex_lock(&mu);
+        for (int i = 0; i < LOG; i++)
+            if (!maps[i]) { maps[i] = m; map_len[i] = n; break; }
+        pthread_mutex_unlock(&mu);
+        *p = (unsigned long long)(size_t)m;
+        return 0;
+    }
+    int cuMemAllocManaged(unsigned long long *p, size_t n, unsigned f) { (void)f; return alloc(p, n); }
+    int cuMemAlloc_v2(unsigned long long *p, size_t n) { return alloc(p, n); }
+    int cuMemFree_v2(unsigned long long p) {
+        pthread_mutex_lock(&mu);
+        for (int i = 0; i < LOG; i++)
+            if (maps[i] == (void *)(size_t)p) { munmap(maps[i], map_len[i]); maps[i] = NULL; break; }
+        pthread_mutex_unlock(&mu);
+        return 0;
+    }
+    static long events;
+    int cuEventCreate(void **e, unsigned f) { (void)f; *e = (void *)(size_t)(0x1000 + ++events); return 0; }
+    int cuEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
+    int cuEventQuery(void *e) { (void)e; return 0; }
+    int cuEventSynchronize(void *e) { (void)e; return 0; }
+    int cuEventDestroy_v2(void *e) { (void)e; return 0; }
+    int cuStreamWaitEvent(void *s, void *e, unsigned f) { (void)s; (void)e; (void)f; return 0; }
+    int cuStreamSynchronize(void *s) { (void)s; return 0; }
+    int cuCtxSynchronize(void) { return 0; }
+    int cuStreamCreate(void **s, unsigned f) { (void)f; *s = (void *)0x77; return 0; }
+    int cuPointerGetAttributes(unsigned n, int *a, void **d, unsigned long long p) {
+        (void)n; (void)a; (void)d; (void)p; return 1;
+    }
+
+    /* For the tests. */
+    void standin_activate(void) { active = 1; }
+    void standin_counts(long *out) { out[0] = retains; out[1] = registrations; out[2] = ctx_creates; out[3] = unregistrations; }
+    /* Whether [p, p+n) lies inside one registered range. */
+    int standin_registered(size_t p, size_t n) {
+        for (int i = 0; i < nreg; i++)
+            if (p >= reg_base[i] && p + n <= reg_base[i] + reg_size[i]) return 1;
+        return 0;
+    }
+    """
+)
+
+PRELUDE = textwrap.dedent(
+    r"""
+    import ctypes, json, os, sys
+    import numpy as np
+    import ump_alloc
+
+    standin = ctypes.CDLL("libcuda.so.1")
+
+    def counts():
+        c = (ctypes.c_long * 4)()
+        standin.standin_counts(c)
+        return {"retains": c[0], "registrations": c[1], "ctx_creates": c[2], "unregistrations": c[3]}
+
+    def registered(a):
+        return bool(standin.standin_registered(ctypes.c_size_t(a.ctypes.data), ctypes.c_size_t(a.nbytes)))
+
+    def child_reads(arrays, sums):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            ok = all(int(a.sum(dtype=np.uint64)) == s for a, s in zip(arrays, sums))
+            os.write(w, b"1" if ok else b"0")
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        return os.read(r, 1) == b"1" and os.waitstatus_to_exitcode(status) == 0
+
+    rng = np.random.default_rng(33)
+    small = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    big = rng.integers(0, 256, 96 << 20, dtype=np.uint8)
+    sums = [int(small.sum(dtype=np.uint64)), int(big.sum(dtype=np.uint64))]
+    """
+)
+
+NUMPY_ONLY = PRELUDE + textwrap.dedent(
+    r"""
+    before = {"kind": ump_alloc.identify(big).kind, "repr": repr(ump_alloc.identify(big))}
+    child = child_reads([small, big], sums)
+    # The questions a NumPy program may ask: none of them makes a context either.
+    caps = ump_alloc.capabilities()
+    st = ump_alloc.stats()
+    summary = ump_alloc.memory_summary()
+    ump_alloc.trim()
+    c = (np.ones(1 << 26) * 2).sum()
+    print(json.dumps({**before, "counts": counts(), "child_ok": child, "host_pinned": caps["host_pinned"],
+                      "summary_says": "not pinned yet" in summary, "device_accessible": ump_alloc.identify(big).device_accessible,
+                      "big_registered": registered(big)}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    return build_stand_in_cuda(tmp_path_factory, STANDIN, "-pthread")
+
+
+def _run(standin, code, **settings):
+    env = stand_in_env(standin, UMP_ALLOC="1", **settings)
+    return json.loads(run_python(code, env=env).stdout.strip().splitlines()[-1])
+
+
+def test_a_numpy_only_process_makes_no_context(standin):
+    out = _run(standin, NUMPY_ONLY)
+    assert out["kind"] == "registered", out
+    assert out["counts"] == {"retains": 0, "registrations": 0, "ctx_creates": 0, "unregistrations": 0}, out
+    assert out["child_ok"], "a fork child of a not-yet-pinned parent reads its arrays"
+    assert not out["host_pinned"] and not out["device_accessible"] and not out["big_registered"], out
+    assert "not pinned yet" in out["repr"] and out["summary_says"], out
+
+
+def test_control_eager_pinning_makes_a_context_at_the_first_array(standin):
+    out = _run(standin, NUMPY_ONLY, UMP_ALLOC_PIN="eager")
+    assert out["counts"]["retains"] >= 1 and out["counts"]["registrations"] >= 2, out
+    assert out["host_pinned"] and out["device_accessible"] and out["big_registered"], out
+    assert "not pinned yet" not in out["repr"] and not out["summary_says"], out
+    assert out["child_ok"], out
+
+
+FIRST_DEVICE_ALLOCATION = PRELUDE + textwrap.dedent(
+    r"""
+    lib = ctypes.CDLL(ump_alloc.library_path())
+    lib.ump_cupy_malloc.restype = ctypes.c_void_p
+    lib.ump_cupy_malloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lib.ump_cupy_free.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    child_before = child_reads([small, big], sums)  # shared with a child before the switch
+    out = {"before": counts(), "child_before": child_before}
+    if os.environ.get("DEVICE_ALLOC") == "1":
+        p = lib.ump_cupy_malloc(None, 8 << 20, 0)  # the process's first device-side allocation
+        out["device_alloc"] = bool(p)
+    out["after"] = counts()
+    out["registered"] = [registered(small), registered(big)]
+    out["device_accessible"] = ump_alloc.identify(big).device_accessible
+    later = rng.integers(0, 256, 80 << 20, dtype=np.uint8)  # a new chunk, pinned as it is made
+    out["later_registered"] = registered(later)
+    out["child_after"] = child_reads([small, big, later], sums + [int(later.sum(dtype=np.uint64))])
+    out["parent_kept"] = [int(small.sum(dtype=np.uint64)), int(big.sum(dtype=np.uint64))] == sums
+    out["host_pinned"] = ump_alloc.capabilities()["host_pinned"]
+    print(json.dumps(out))
+    """
+)
+
+
+def test_the_first_device_allocation_pins_the_arrays_made_before_it(standin):
+    out = _run(standin, FIRST_DEVICE_ALLOCATION, DEVICE_ALLOC="1")
+    assert out["before"]["retains"] == 0 and out["before"]["registrations"] == 0, out
+    assert out["device_alloc"] and out["after"]["retains"] >= 1, out
+    assert out["registered"] == [True, True], "arrays made before the first GPU use are pinned now"
+    assert out["device_accessible"] and out["host_pinned"] and out["later_registered"], out
+    assert out["child_before"] and out["child_after"] and out["parent_kept"], out
+
+
+def test_control_without_a_device_allocation_nothing_is_pinned(standin):
+    out = _run(standin, FIRST_DEVICE_ALLOCATION, DEVICE_ALLOC="0")
+    assert out["after"]["retains"] == 0 and out["after"]["registrations"] == 0, out
+    assert out["registered"] == [False, False] and not out["later_registered"], out
+    assert out["child_after"] and out["parent_kept"], out
+
+
+CONTEXT_FOUND = PRELUDE + textwrap.dedent(
+    r"""
+    standin.standin_activate()  # PyTorch or CuPy made a context with their own memory
+    later = rng.integers(0, 256, 80 << 20, dtype=np.uint8)  # the next chunk finds it active
+    print(json.dumps({"registered": [registered(small), registered(big), registered(later)],
+                      "host_pinned": ump_alloc.capabilities()["host_pinned"], "counts": counts()}))
+    """
+)
+
+
+def test_a_context_found_active_when_a_chunk_is_mapped_pins_everything(standin):
+    out = _run(standin, CONTEXT_FOUND)
+    assert out["registered"] == [True, True, True] and out["host_pinned"], out
+
+
+TRANSFER_CALL = PRELUDE + textwrap.dedent(
+    r"""
+    before = counts()
+    ump_alloc.device_access(big)  # ump-alloc's own transfer call: a use of the GPU
+    print(json.dumps({"before": before, "after": counts(), "registered": registered(big),
+                      "device_accessible": ump_alloc.identify(big).device_accessible}))
+    """
+)
+
+
+def test_a_transfer_call_pins_first(standin):
+    out = _run(standin, TRANSFER_CALL)
+    assert out["before"]["registrations"] == 0, out
+    assert out["registered"] and out["device_accessible"], out
