@@ -128,6 +128,7 @@ driver_table! {
     optional:
     cuCtxGetDevice: fn(*mut CUdevice);
     cuDevicePrimaryCtxGetState: fn(CUdevice, *mut c_uint, *mut c_int);
+    cuDeviceCanAccessPeer: fn(*mut c_int, CUdevice, CUdevice);
     cuMemPrefetchAsync_v2: fn(CUdeviceptr, usize, CUmemLocation, c_uint, CUstream);
     cuMemAdvise_v2: fn(CUdeviceptr, usize, CUmem_advise, CUmemLocation);
     // Virtual memory management (CUDA 10.2+).

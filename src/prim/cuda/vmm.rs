@@ -149,18 +149,78 @@ pub fn map_pieces(pieces: &[(usize, usize)], device: i32) -> Result<Vec<u64>> {
     })
 }
 
+/// The devices that can reach memory of `device` over a peer link (`cuDeviceCanAccessPeer`),
+/// read once per device.
+pub fn peers_of(device: i32) -> &'static [i32] {
+    static PEERS: OnceLock<Vec<OnceLock<Vec<i32>>>> = OnceLock::new();
+    let Ok(d) = driver() else { return &[] };
+    let count = || {
+        let mut n = 0;
+        // SAFETY: valid out-pointer.
+        unsafe { (d.cuDeviceGetCount)(&mut n) };
+        n.max(0)
+    };
+    let all = PEERS.get_or_init(|| (0..count()).map(|_| OnceLock::new()).collect());
+    let Some(slot) = usize::try_from(device).ok().and_then(|i| all.get(i)) else {
+        return &[];
+    };
+    slot.get_or_init(|| {
+        let Some(can) = d.cuDeviceCanAccessPeer else {
+            return Vec::new();
+        };
+        (0..all.len() as i32)
+            .filter(|&peer| {
+                let (mut a, mut b, mut yes) = (0, 0, 0);
+                // SAFETY: valid out-pointers; both ordinals are below the device count.
+                let ok = unsafe {
+                    (d.cuDeviceGet)(&mut a, peer) == CUDA_SUCCESS
+                        && (d.cuDeviceGet)(&mut b, device) == CUDA_SUCCESS
+                        && can(&mut yes, a, b) == CUDA_SUCCESS
+                };
+                peer != device && ok && yes != 0
+            })
+            .collect()
+    })
+}
+
+/// Make `[addr, addr+len)` readable and writable by `device` and by every device that can
+/// reach it over a peer link, as `cudaMalloc` memory is once peer access is enabled: peer
+/// copies (`cudaMemcpyPeer`, `.to("cuda:0")`) and peer kernels work on it.
 fn access(d: &Driver, addr: usize, len: usize, device: i32) -> Result<()> {
     let f = entry(d.cuMemSetAccess, "cuMemSetAccess")?;
-    let desc = CUmemAccessDesc {
-        location: location(device),
+    let desc = |dev: i32| CUmemAccessDesc {
+        location: location(dev),
         flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
-    // SAFETY: one valid descriptor; the driver checks that the range is mapped.
-    check(
-        d,
-        unsafe { f(addr as CUdeviceptr, len, &desc, 1) },
-        "cuMemSetAccess",
-    )
+    static NO_PEERS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let peers = if NO_PEERS.load(std::sync::atomic::Ordering::Relaxed) {
+        &[]
+    } else {
+        peers_of(device)
+    };
+    let descs: Vec<CUmemAccessDesc> = std::iter::once(device)
+        .chain(peers.iter().copied())
+        .map(desc)
+        .collect();
+    // SAFETY: `descs.len()` valid descriptors; the driver checks that the range is mapped.
+    let rc = unsafe { f(addr as CUdeviceptr, len, descs.as_ptr(), descs.len()) };
+    if rc != CUDA_SUCCESS && descs.len() > 1 {
+        // A driver that refuses the peers' access still gives the device its own: the memory
+        // stays usable there (peer copies then fail as they did before peers were granted).
+        NO_PEERS.store(true, std::sync::atomic::Ordering::Relaxed);
+        crate::error::set_last(&format!(
+            "cuMemSetAccess for the peers of device {device}: {}; device memory pools are \
+             reachable from their own device only",
+            err_name(d, rc)
+        ));
+        // SAFETY: one valid descriptor, as above.
+        return check(
+            d,
+            unsafe { f(addr as CUdeviceptr, len, &descs[0], 1) },
+            "cuMemSetAccess",
+        );
+    }
+    check(d, rc, "cuMemSetAccess")
 }
 
 /// Make mapped `[addr, addr+len)` readable and writable by `device` (again).
