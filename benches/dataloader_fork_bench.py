@@ -14,7 +14,11 @@ PyTorch untouched), ``ump-torch`` (``enable(numpy=False)``: PyTorch on ump-alloc
 untouched) and ``ump-none`` (the library loaded, neither switched over). Goal: ``ump`` within 1.02x of ``plain``.
 
     python benches/dataloader_fork_bench.py [--epochs 4] [--variants plain,ump,ump-copy] [--rounds 1]
-        [--phases] [--events] [--cpus 0-7] [--json out.json]
+        [--phases] [--events] [--cpus 0-7] [--start-method fork|forkserver|spawn] [--json out.json]
+
+``--start-method`` chooses the DataLoader's ``multiprocessing_context`` (issue 33: spawn and
+forkserver workers that use only NumPy must hold no CUDA context; each row says whether a
+worker did).
 
 Each row also gives, per epoch, the time the training loop waited for the DataLoader's next
 batch, and the workers' own time making the batches (their samples and collation, summed over
@@ -36,8 +40,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-WORKER = r'''
-import json, os, resource, sys, time
+WORKER = r"""
+import ctypes, json, os, resource, sys, time
 if os.environ.get("DL_BENCH_CPUS"):  # --cpus: this process and its workers on these CPUs only
     os.sched_setaffinity(0, {int(c) for c in os.environ["DL_BENCH_CPUS"].split(",")})
 import numpy as np
@@ -47,102 +51,123 @@ if os.environ.get("DL_BENCH_ENABLE"):  # one library on ump-alloc, the other lef
 import torch, torchvision
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-epochs, persistent, pin = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
-phases, events = sys.argv[4] == "1", sys.argv[5] == "1"
-n = 300 * 2**20 // (3 * 64 * 64)
-rng = np.random.default_rng(0)
-images = rng.integers(0, 256, (n, 3, 64, 64), dtype=np.uint8)   # 300 MiB, made in the parent
-labels = rng.integers(0, 10, n).astype(np.int64)
-kind = "plain"
-if "ump_alloc" in sys.modules:
-    import ump_alloc
-    kind = ump_alloc.identify(images).kind
-
 started = [None]   # in each worker: when it began the batch it is making
 
+def context_active():
+    # Whether this process holds a CUDA primary context (what costs a process GPU memory),
+    # read without making one.
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+        flags, active = ctypes.c_uint(), ctypes.c_int()
+        return cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active)) == 0 and active.value != 0
+    except OSError:
+        return False
+
 class DS(Dataset):
+    # The samples travel with the Dataset: a fork worker shares the parent's array, a spawn or
+    # forkserver worker gets a pickled copy (as with any in-memory Dataset).
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
     def __len__(self):
-        return n
+        return len(self.labels)
     def __getitem__(self, i):
         if started[0] is None:
             started[0] = time.perf_counter()
-        x = images[i].astype(np.float32) / 255.0                # a new array in the worker
-        return torch.from_numpy(x), int(labels[i])
+        x = self.images[i].astype(np.float32) / 255.0          # a new array in the worker
+        return torch.from_numpy(x), int(self.labels[i])
 
 def collate(batch):
-    # The worker's time for this batch (its samples and their collation) travels with it.
+    # The worker's time for this batch (its samples and their collation) travels with it, and
+    # whether the worker holds a CUDA context.
     t0 = time.perf_counter()
     x, y = default_collate(batch)
     t1 = time.perf_counter()
     made, started[0] = t1 - started[0], None
-    return x, y, made, t1 - t0
+    return x, y, made, t1 - t0, context_active()
 
-torch.manual_seed(0)
-model = torchvision.models.resnet18(num_classes=10).cuda()
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loss_fn = torch.nn.CrossEntropyLoss()
-g = torch.Generator(); g.manual_seed(0)
-dl = DataLoader(DS(), batch_size=256, shuffle=True, generator=g, num_workers=4, pin_memory=pin,
-                persistent_workers=persistent, multiprocessing_context="fork", collate_fn=collate)
-# --events: per batch, the loop's own time in the copy calls and in launching the step (host
-# clock), and the GPU's time for the copies and for the step (CUDA events, no synchronisation).
-marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(len(dl))] if events else []
+def main():
+    epochs, persistent, pin = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
+    phases, events, method = sys.argv[4] == "1", sys.argv[5] == "1", sys.argv[6]
+    n = 300 * 2**20 // (3 * 64 * 64)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (n, 3, 64, 64), dtype=np.uint8)   # 300 MiB, made in the parent
+    labels = rng.integers(0, 10, n).astype(np.int64)
+    kind = "plain"
+    if "ump_alloc" in sys.modules:
+        import ump_alloc
+        kind = ump_alloc.identify(images).kind
 
-def usage():  # this process's and its reaped children's (the workers of epochs done) CPU and faults
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (a.ru_utime, a.ru_stime, a.ru_minflt, a.ru_nivcsw, b.ru_utime + b.ru_stime, b.ru_minflt)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    g = torch.Generator(); g.manual_seed(0)
+    dl = DataLoader(DS(images, labels), batch_size=256, shuffle=True, generator=g, num_workers=4, pin_memory=pin,
+                    persistent_workers=persistent, multiprocessing_context=method, collate_fn=collate)
+    # --events: per batch, the loop's own time in the copy calls and in launching the step (host
+    # clock), and the GPU's time for the copies and for the step (CUDA events, no synchronisation).
+    marks = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(len(dl))] if events else []
 
-times, check, split = [], 0.0, []
-for e in range(epochs):
-    torch.cuda.synchronize()
-    u0 = usage()
-    t = time.perf_counter()
-    wait = h2d = made = coll = launch = 0.0
-    it = iter(dl)
-    b = 0
-    while True:
-        t0 = time.perf_counter()
-        try:
-            x, y, m, c = next(it)
-        except StopIteration:
-            break
-        t1 = time.perf_counter()
-        made += m
-        coll += c
-        if events:
-            marks[b][0].record()
-        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
-        if events:
-            marks[b][1].record()
-        if phases:  # the copies' own time (the synchronisation changes the overlap)
-            torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        h2d += t2 - t1
-        wait += t1 - t0
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        if events:
-            marks[b][2].record()
-        launch += time.perf_counter() - t2
-        b += 1
-    torch.cuda.synchronize()
-    times.append(time.perf_counter() - t)
-    du = [after - before for before, after in zip(u0, usage())]
-    gpu_h2d = sum(m[0].elapsed_time(m[1]) for m in marks[:b]) / 1e3 if events else None
-    gpu_step = sum(m[1].elapsed_time(m[2]) for m in marks[:b]) / 1e3 if events else None
-    split.append({"waiting_for_batches_s": wait, "h2d_s": h2d if phases or events else None,
-                  "worker_s": made, "collate_s": coll, "launch_s": launch if events else None,
-                  "gpu_h2d_s": gpu_h2d, "gpu_step_s": gpu_step,
-                  # The loop's process: user and system CPU time, page faults, involuntary context
-                  # switches; the workers reaped in this epoch (all of them unless persistent):
-                  # CPU time and page faults.
-                  "main_user_s": du[0], "main_sys_s": du[1], "main_faults": du[2], "main_preempted": du[3],
-                  "reaped_cpu_s": du[4], "reaped_faults": du[5]})
-    check = float(loss.item())
-print(json.dumps({"kind": kind, "epochs_s": times, "split": split, "last_loss": check}))
-'''
+    def usage():  # this process's and its reaped children's (the workers of epochs done) CPU and faults
+        a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return (a.ru_utime, a.ru_stime, a.ru_minflt, a.ru_nivcsw, b.ru_utime + b.ru_stime, b.ru_minflt)
+
+    times, check, split, worker_ctx = [], 0.0, [], False
+    for e in range(epochs):
+        torch.cuda.synchronize()
+        u0 = usage()
+        t = time.perf_counter()
+        wait = h2d = made = coll = launch = 0.0
+        it = iter(dl)
+        b = 0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                x, y, m, c, wctx = next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            made += m
+            coll += c
+            worker_ctx = worker_ctx or wctx
+            if events:
+                marks[b][0].record()
+            x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+            if events:
+                marks[b][1].record()
+            if phases:  # the copies' own time (the synchronisation changes the overlap)
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            h2d += t2 - t1
+            wait += t1 - t0
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            if events:
+                marks[b][2].record()
+            launch += time.perf_counter() - t2
+            b += 1
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        du = [after - before for before, after in zip(u0, usage())]
+        gpu_h2d = sum(m[0].elapsed_time(m[1]) for m in marks[:b]) / 1e3 if events else None
+        gpu_step = sum(m[1].elapsed_time(m[2]) for m in marks[:b]) / 1e3 if events else None
+        split.append({"waiting_for_batches_s": wait, "h2d_s": h2d if phases or events else None,
+                      "worker_s": made, "collate_s": coll, "launch_s": launch if events else None,
+                      "gpu_h2d_s": gpu_h2d, "gpu_step_s": gpu_step,
+                      # The loop's process: user and system CPU time, page faults, involuntary context
+                      # switches; the workers reaped in this epoch (all of them unless persistent):
+                      # CPU time and page faults.
+                      "main_user_s": du[0], "main_sys_s": du[1], "main_faults": du[2], "main_preempted": du[3],
+                      "reaped_cpu_s": du[4], "reaped_faults": du[5]})
+        check = float(loss.item())
+    print(json.dumps({"kind": kind, "epochs_s": times, "split": split, "last_loss": check,
+                      "worker_context": worker_ctx, "gpu_mem_mib": torch.cuda.memory_reserved() >> 20}))
+
+if __name__ == "__main__":  # spawn and forkserver workers import this file again
+    main()
+"""
 
 VARIANTS = {
     "plain": {},
@@ -164,14 +189,25 @@ def run_one(v: str, persistent: str, pin: str, args, rnd: int) -> dict:
     env = ump_env(VARIANTS[v])
     if args.cpus:
         env["DL_BENCH_CPUS"] = ",".join(map(str, args.cpus))
-    r = subprocess.run([sys.executable, "-c", WORKER, str(args.epochs), persistent, pin,
-                        "1" if args.phases else "0", "1" if args.events else "0"], env=env,
-                       capture_output=True, text=True, timeout=1800)
+    r = subprocess.run([sys.executable, _worker_file(), str(args.epochs), persistent, pin,
+                        "1" if args.phases else "0", "1" if args.events else "0", args.start_method],
+                       env=env, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         return {**row, "error": r.stderr[-2000:]}
     out = json.loads(r.stdout.strip().splitlines()[-1])
     later = sorted(out["epochs_s"][1:]) or out["epochs_s"]
     return {**row, **out, "median_s": later[len(later) // 2]}
+
+
+def _worker_file() -> str:
+    """WORKER as a file: spawn and forkserver workers import the main module by its path."""
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"dataloader_fork_bench_worker_{os.getpid()}.py")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(WORKER)
+    return path
 
 
 def _cpu_list(text: str) -> list:
@@ -197,6 +233,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="repeat every (variant, setting), interleaved")
     ap.add_argument("--cpus", type=_cpu_list, default=None,
                     help="run every variant on these CPUs only (e.g. 0-7): the same CPUs for each process")
+    ap.add_argument("--start-method", default="fork", choices=("fork", "forkserver", "spawn"),
+                    help="the DataLoader's multiprocessing_context")
     ap.add_argument("--json")
     args = ap.parse_args()
     from _benchutil import gpu_or_skip
@@ -228,7 +266,9 @@ def main() -> int:
         b = base.get((r["round"], r["persistent"], r["pin"]))
         r["vs_plain"] = r["median_s"] / b if b else None
         rel = f"{r['vs_plain']:.3f}x" if b else "-"
-        print(f"{head} {r['kind']:<10} {r['median_s']:>17.3f} {rel:>9}  " + " ".join(f"{t:.3f}" for t in r["epochs_s"]))
+        print(f"{head} {r['kind']:<10} {r['median_s']:>17.3f} {rel:>9}  " + " ".join(f"{t:.3f}" for t in r["epochs_s"])
+              + f"  [{args.start_method}; workers held a CUDA context: {r.get('worker_context')}; "
+              f"GPU memory reserved {r.get('gpu_mem_mib')} MiB]")
         pad = " " * (len(head) + 11)
         for key, label in (("waiting_for_batches_s", "waiting for batches"), ("worker_s", "workers' time"),
                            ("collate_s", "of which collate"), ("h2d_s", "batch copies"),

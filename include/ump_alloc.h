@@ -775,6 +775,14 @@ int ump_reset_peak(void);
 // context was made for it), or a host side that is not pinned memory.
 int ump_host_pinned(void);
 
+// The program is about to hand host memory to GPU `device` (-1: the device current on this
+// thread, else 0) by a way ump-alloc does not see (a view it makes of NumPy memory, a pointer
+// wrapped by hand): pin the host side's memory now if it waits for the first use of a GPU
+// (`UMP_ALLOC_PIN=lazy`), as the first device-side allocation would. Returns `UMP_OK` (also
+// when there is nothing to pin); `UMP_ERR_INVALID` for a device this machine does not have;
+// `UMP_ERR_UNSUPPORTED` without a usable GPU (no driver, a fork child of a CUDA process).
+int ump_pin_host_side(int device);
+
 // Fill `*out` with pool number `index` (0, 1, ...: the host side's pools, then each device's,
 // one per stream). Returns `UMP_OK`; `UMP_ERR_INVALID` past the last pool (and before the first
 // allocation): the end of the list, with a message in `ump_last_error()` but not counted as an

@@ -16,6 +16,7 @@ GPU_BENCHES = {
     "cupy_alloc_bench.py": ["--n", "10", "--rounds", "1"],
     "fragmentation_bench.py": ["--repeat", "1"],
     "managed_residency_bench.py": ["--gib", "0.01", "--rounds", "1"],
+    "no_context_bench.py": ["--rounds", "1", "--pool", "1"],
     "host_pages_probe.py": ["--gib", "0.01", "--reps", "1"],
     "pageable_h2d_probe.py": ["x"],
     "dataloader_ab_probe.py": ["--epochs", "1"],

@@ -144,15 +144,16 @@ PRELUDE = textwrap.dedent(
         return os.read(r, 1) == b"1" and os.waitstatus_to_exitcode(status) == 0
 
     rng = np.random.default_rng(33)
-    small = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
-    big = rng.integers(0, 256, 96 << 20, dtype=np.uint8)
+    small = rng.integers(0, 256, 100_000, dtype=np.uint8)   # a small block: in an arena
+    big = rng.integers(0, 256, 96 << 20, dtype=np.uint8)    # a large block
     sums = [int(small.sum(dtype=np.uint64)), int(big.sum(dtype=np.uint64))]
     """
 )
 
 NUMPY_ONLY = PRELUDE + textwrap.dedent(
     r"""
-    before = {"kind": ump_alloc.identify(big).kind, "repr": repr(ump_alloc.identify(big))}
+    before = {"kind": ump_alloc.identify(small).kind, "big_kind": ump_alloc.identify(big).kind,
+              "repr": repr(ump_alloc.identify(small))}
     child = child_reads([small, big], sums)
     # The questions a NumPy program may ask: none of them makes a context either.
     caps = ump_alloc.capabilities()
@@ -161,8 +162,8 @@ NUMPY_ONLY = PRELUDE + textwrap.dedent(
     ump_alloc.trim()
     c = (np.ones(1 << 26) * 2).sum()
     print(json.dumps({**before, "counts": counts(), "child_ok": child, "host_pinned": caps["host_pinned"],
-                      "summary_says": "not pinned yet" in summary, "device_accessible": ump_alloc.identify(big).device_accessible,
-                      "big_registered": registered(big)}))
+                      "summary_says": "not pinned yet" in summary, "device_accessible": ump_alloc.identify(small).device_accessible,
+                      "registered": [registered(small), registered(big)]}))
     """
 )
 
@@ -177,19 +178,41 @@ def _run(standin, code, **settings):
     return json.loads(run_python(code, env=env).stdout.strip().splitlines()[-1])
 
 
-def test_a_numpy_only_process_makes_no_context(standin):
-    out = _run(standin, NUMPY_ONLY)
-    assert out["kind"] == "registered", out
+def _shmem_huge() -> bool:
+    """Whether this kernel gives shared memory huge pages (then `lazy` keeps large blocks on
+    shared pages from the start, as `lazy-all` does)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            chosen = f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return False
+    return chosen in ("always", "within_size", "advise", "force")
+
+
+# What a large block made before the first use of a GPU is, per setting: plain host memory
+# (never pinned) with `lazy` where shared memory has 4 KiB pages, else pinned host memory.
+LAZY = ["lazy", "lazy-all"]
+
+
+def _big_kind(pin):
+    return "host" if pin == "lazy" and not _shmem_huge() else "registered"
+
+
+@pytest.mark.parametrize("pin", LAZY)
+def test_a_numpy_only_process_makes_no_context(standin, pin):
+    out = _run(standin, NUMPY_ONLY, UMP_ALLOC_PIN=pin)
+    assert out["kind"] == "registered" and out["big_kind"] == _big_kind(pin), out
     assert out["counts"] == {"retains": 0, "registrations": 0, "ctx_creates": 0, "unregistrations": 0}, out
     assert out["child_ok"], "a fork child of a not-yet-pinned parent reads its arrays"
-    assert not out["host_pinned"] and not out["device_accessible"] and not out["big_registered"], out
+    assert not out["host_pinned"] and not out["device_accessible"] and out["registered"] == [False, False], out
     assert "not pinned yet" in out["repr"] and out["summary_says"], out
 
 
 def test_control_eager_pinning_makes_a_context_at_the_first_array(standin):
     out = _run(standin, NUMPY_ONLY, UMP_ALLOC_PIN="eager")
     assert out["counts"]["retains"] >= 1 and out["counts"]["registrations"] >= 2, out
-    assert out["host_pinned"] and out["device_accessible"] and out["big_registered"], out
+    assert out["big_kind"] == "registered", out
+    assert out["host_pinned"] and out["device_accessible"] and out["registered"] == [True, True], out
     assert "not pinned yet" not in out["repr"] and not out["summary_says"], out
     assert out["child_ok"], out
 
@@ -207,7 +230,7 @@ FIRST_DEVICE_ALLOCATION = PRELUDE + textwrap.dedent(
         out["device_alloc"] = bool(p)
     out["after"] = counts()
     out["registered"] = [registered(small), registered(big)]
-    out["device_accessible"] = ump_alloc.identify(big).device_accessible
+    out["device_accessible"] = ump_alloc.identify(small).device_accessible
     later = rng.integers(0, 256, 80 << 20, dtype=np.uint8)  # a new chunk, pinned as it is made
     out["later_registered"] = registered(later)
     out["child_after"] = child_reads([small, big, later], sums + [int(later.sum(dtype=np.uint64))])
@@ -218,17 +241,20 @@ FIRST_DEVICE_ALLOCATION = PRELUDE + textwrap.dedent(
 )
 
 
-def test_the_first_device_allocation_pins_the_arrays_made_before_it(standin):
-    out = _run(standin, FIRST_DEVICE_ALLOCATION, DEVICE_ALLOC="1")
+@pytest.mark.parametrize("pin", LAZY)
+def test_the_first_device_allocation_pins_the_arrays_made_before_it(standin, pin):
+    """The arena of the small arrays made before is pinned then, and the large one too unless it
+    is plain host memory (`lazy` on 4 KiB shared pages); every array made after is pinned."""
+    out = _run(standin, FIRST_DEVICE_ALLOCATION, DEVICE_ALLOC="1", UMP_ALLOC_PIN=pin)
     assert out["before"]["retains"] == 0 and out["before"]["registrations"] == 0, out
     assert out["device_alloc"] and out["after"]["retains"] >= 1, out
-    assert out["registered"] == [True, True], "arrays made before the first GPU use are pinned now"
-    assert out["device_accessible"] and out["host_pinned"] and out["later_registered"], out
+    assert out["registered"] == [True, _big_kind(pin) == "registered"], out
+    assert out["host_pinned"] and out["later_registered"], out
     assert out["child_before"] and out["child_after"] and out["parent_kept"], out
 
 
 def test_control_without_a_device_allocation_nothing_is_pinned(standin):
-    out = _run(standin, FIRST_DEVICE_ALLOCATION, DEVICE_ALLOC="0")
+    out = _run(standin, FIRST_DEVICE_ALLOCATION, DEVICE_ALLOC="0", UMP_ALLOC_PIN="lazy-all")
     assert out["after"]["retains"] == 0 and out["after"]["registrations"] == 0, out
     assert out["registered"] == [False, False] and not out["later_registered"], out
     assert out["child_after"] and out["parent_kept"], out
@@ -244,17 +270,18 @@ CONTEXT_FOUND = PRELUDE + textwrap.dedent(
 )
 
 
-def test_a_context_found_active_when_a_chunk_is_mapped_pins_everything(standin):
-    out = _run(standin, CONTEXT_FOUND)
-    assert out["registered"] == [True, True, True] and out["host_pinned"], out
+@pytest.mark.parametrize("pin", LAZY)
+def test_a_context_found_active_when_a_chunk_is_mapped_pins_everything(standin, pin):
+    out = _run(standin, CONTEXT_FOUND, UMP_ALLOC_PIN=pin)
+    assert out["registered"] == [True, _big_kind(pin) == "registered", True] and out["host_pinned"], out
 
 
 TRANSFER_CALL = PRELUDE + textwrap.dedent(
     r"""
     before = counts()
-    ump_alloc.device_access(big)  # ump-alloc's own transfer call: a use of the GPU
-    print(json.dumps({"before": before, "after": counts(), "registered": registered(big),
-                      "device_accessible": ump_alloc.identify(big).device_accessible}))
+    ump_alloc.device_access(small)  # ump-alloc's own transfer call: a use of the GPU
+    print(json.dumps({"before": before, "after": counts(), "registered": registered(small),
+                      "device_accessible": ump_alloc.identify(small).device_accessible}))
     """
 )
 

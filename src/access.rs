@@ -42,7 +42,7 @@ pub fn host_access(ptr: usize, size: usize, stream: usize, touch: f64) -> Result
         return Ok(());
     }
     // A transfer call: the process uses a GPU (NumPy's memory is pinned from now on).
-    crate::backing::pin_host_side(cuda::current_device());
+    allocator::use_gpu(cuda::current_device());
     let dev = r.map_or(0, |r| r.device.max(0));
     let prefetch_min = transfer::prefetch_min();
     let facts = transfer::facts_of(r.as_ref(), size, Direction::ToHost, dev, touch);
@@ -94,7 +94,7 @@ pub fn device_access(
     allocator::check_device(device)?;
     // A transfer call: the process uses a GPU, and NumPy's memory is pinned (so that this
     // range, if it is NumPy's, is reachable) before the range is classified.
-    crate::backing::pin_host_side(Some(device));
+    allocator::use_gpu(Some(device));
     if size == 0 {
         return Ok(());
     }

@@ -119,10 +119,10 @@ pub const VARS: &[Var] = &[
     Var {
         name: c"UMP_ALLOC_PIN",
         default: c"lazy",
-        help: c"when the pinned host side pins NumPy's memory: lazy (at the process's first use of a GPU: its first device allocation, a transfer call of ump-alloc's, or a CUDA context found active; until then no CUDA context is made and copies run at pageable speed) | eager (every chunk as it is made: a CUDA context at the first NumPy array)",
+        help: c"when the pinned host side pins NumPy's memory: lazy (from the process's first use of a GPU: its first device allocation, a transfer call of ump-alloc's, or a CUDA context found active; no CUDA context before; what NumPy got before stays plain host memory where the kernel gives shared memory only 4 KiB pages, else it is pinned then too) | lazy-all (the same, and what NumPy got before is pinned then too, whatever the page size) | eager (every chunk as it is made: a CUDA context at the first NumPy array)",
         read: |c, v| {
-            let why = "expected lazy (pin at the first use of a GPU) or eager (pin every \
-                       chunk as it is made)";
+            let why = "expected lazy (pin from the first use of a GPU), lazy-all (the same, \
+                       memory made before included) or eager (pin every chunk as it is made)";
             set(&mut c.pin, Pin::parse(v).ok_or(why))
         },
         show: |c, _, _| c.pin.name().into(),
@@ -246,7 +246,7 @@ pub const VARS: &[Var] = &[
         name: c"UMP_ALLOC_NO_CUDA",
         default: c"0",
         help: c"1: behave as if no CUDA driver were installed (tests, CPU-only runs); 0 or unset: use CUDA",
-        read: |_, v| parse_switch(v).map(drop),
+        read: |c, v| set(&mut c.no_cuda, parse_switch(v)),
         show: switch_as_typed,
     },
 ];
@@ -311,8 +311,11 @@ impl TorchSegments {
 /// When the pinned host side pins its memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pin {
-    /// At the process's first use of a GPU (no CUDA context before).
+    /// From the process's first use of a GPU (no CUDA context before); memory made before is
+    /// plain host memory where shared memory has 4 KiB pages, else pinned then too.
     Lazy,
+    /// From the first use of a GPU, memory made before included (shared pages from the start).
+    LazyAll,
     /// Every chunk as it is made.
     Eager,
 }
@@ -321,12 +324,13 @@ impl Pin {
     pub fn name(self) -> &'static str {
         match self {
             Pin::Lazy => "lazy",
+            Pin::LazyAll => "lazy-all",
             Pin::Eager => "eager",
         }
     }
 
     pub fn parse(v: &str) -> Option<Pin> {
-        [Pin::Lazy, Pin::Eager]
+        [Pin::Lazy, Pin::LazyAll, Pin::Eager]
             .into_iter()
             .find(|p| p.name().eq_ignore_ascii_case(v.trim()))
     }
@@ -404,6 +408,8 @@ pub struct Config {
     pub torch_fast_cpu: bool,
     pub torch_unified: bool,
     pub cupy_zero_copy: bool,
+    /// `UMP_ALLOC_NO_CUDA`: behave as if no CUDA driver were installed.
+    pub no_cuda: bool,
 }
 
 impl Default for Config {
@@ -437,6 +443,7 @@ impl Config {
             torch_fast_cpu: false,
             torch_unified: false,
             cupy_zero_copy: false,
+            no_cuda: true,
         }
     }
 

@@ -38,6 +38,8 @@ pub struct HostPools {
     /// Allocations the fallback served.
     fallback_allocs: AtomicU64,
     warned: AtomicBool,
+    /// The fallback (plain host memory) serves until the process uses a GPU (see `new`).
+    plain_until_pinned: bool,
 }
 
 impl HostPools {
@@ -53,11 +55,22 @@ impl HostPools {
                 config.host_retain,
             ),
             HostSide::Pinned => {
+                use crate::config::Pin;
                 let share = config.pinned_fork == PinnedFork::Share;
-                let lazy = config.pin == crate::config::Pin::Lazy;
+                let lazy = config.pin != Pin::Eager;
                 let (b, why) = RegisteredBacking::host(share, lazy);
                 let mut h = Self::with_backing(side, Box::new(b), config.host_retain, config);
                 h.fork_share = why;
+                // Until the process uses a GPU, NumPy's memory need not be pinned, nor shared
+                // with fork children (plain pages are copied on write as NumPy's own are). Where
+                // the kernel gives shared memory 4 KiB pages only, shared pages cost about 4x
+                // NumPy's huge pages to fault in (a 512 MiB array: +0.36 s on the lent H100):
+                // plain host memory serves the large blocks until then (small ones stay in the
+                // pinned side's arenas, pinned later with the thread caches they feed).
+                // Elsewhere, shared pages for all, pinned later.
+                h.plain_until_pinned = config.pin == Pin::Lazy
+                    && h.fork_share.is_ok()
+                    && !crate::prim::os::shmem_huge_pages();
                 return h;
             }
             HostSide::Managed => (Box::new(ManagedBacking::new(-1, 0, true)), usize::MAX),
@@ -108,6 +121,7 @@ impl HostPools {
             fallback,
             fallback_allocs: AtomicU64::new(0),
             warned: AtomicBool::new(false),
+            plain_until_pinned: false,
         }
     }
 
@@ -135,6 +149,16 @@ impl HostPools {
         };
         if self.side == HostSide::Managed && crate::prim::fork::is_fork_child() {
             return self.fall_back(fb, n);
+        }
+        if self.plain_until_pinned
+            && n > crate::pool::SMALL_MAX
+            && !crate::backing::host_pinning_active()
+        {
+            // A context someone made since (PyTorch, CuPy): the process uses a GPU now.
+            match crate::prim::cuda::active_context_device() {
+                Some(dev) => crate::backing::pin_host_side(Some(dev)),
+                None => return self.fall_back(fb, n),
+            }
         }
         match self.primary.alloc(n) {
             Ok(a) => Ok(a),
@@ -167,6 +191,12 @@ impl HostPools {
              Counted in ump_alloc.stats()['host_fallback']; see UMP_ALLOC_PINNED_LIMIT.",
             self.side.name()
         );
+    }
+
+    /// Whether plain host memory serves until the process uses a GPU (and the memory made
+    /// before stays plain host memory).
+    pub fn plain_until_pinned(&self) -> bool {
+        self.plain_until_pinned
     }
 
     /// What `fork()` does with this host side's memory (see [`fork_rule`]).

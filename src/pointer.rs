@@ -111,7 +111,9 @@ pub fn identify(ptr: usize) -> ump_identity {
             // Pinned host memory waiting for the process's first use of a GPU: host memory
             // only, for now.
             if id.kind == Kind::UMP_KIND_REGISTERED && !crate::backing::pinned_at(ptr) {
-                id.device_accessible = false;
+                id.device_accessible = allocator::get()
+                    .and_then(|a| a.gpu_if_chosen())
+                    .is_some_and(|g| g.caps.pageable_everywhere());
             }
         }
         // Memory we hold in cache but that is not a live block.

@@ -52,7 +52,10 @@ pub fn collect_stats() -> ump_stats {
         return s;
     };
     crate::pool::flush_thread_counts();
-    s.mode = a.mode().to_c();
+    // Without asking the machine (a NumPy-only process loads no CUDA for its statistics).
+    s.mode = a
+        .mode_known()
+        .map_or(crate::mode::ump_mode::UMP_MODE_UNSET, |m| m.to_c());
     let host = a.host_pool();
     // What no child may read any more is not counted as held.
     host.release_held(true);
@@ -82,10 +85,19 @@ pub fn collect_stats() -> ump_stats {
     if let Some(g) = a.gpu_if_chosen() {
         s.device_kind = g.selection.sides.device.kind();
     }
+    // A device's pool sets share one set of counters: counted once, with each set's cache.
+    let mut counted: Vec<*const crate::pool::PoolStats> = Vec::new();
     for g in a.device_groups() {
         let pools = g.pools();
         let Some(first) = pools.first() else { continue };
-        let mut u = g.stats.usage();
+        let stats: *const crate::pool::PoolStats = g.stats;
+        let first_of_device = !counted.contains(&stats);
+        let mut u = if first_of_device {
+            counted.push(stats);
+            g.stats.usage()
+        } else {
+            ump_usage::default()
+        };
         u.cached = g.cached_bytes() as u64;
         s.kinds[first.kind() as usize].add(&u);
         s.total.add(&u);
@@ -97,7 +109,9 @@ pub fn collect_stats() -> ump_stats {
         {
             s.devices[i].add(&u);
             s.device_count = s.device_count.max(i as u32 + 1);
-            s.device_discarded[i] += c(&g.stats.discarded);
+            if first_of_device {
+                s.device_discarded[i] += c(&g.stats.discarded);
+            }
             for r in g.reports() {
                 s.device_reserved[i] += r.reserved as u64;
                 s.device_largest_free[i] = s.device_largest_free[i].max(r.largest_free as u64);

@@ -268,6 +268,11 @@ pub fn facts(
     if direction == Direction::ToDevice || device != -1 {
         allocator::check_device(device)?;
     }
+    // Planning a hand-over to a GPU is a use of it: NumPy's memory is pinned first (where it
+    // waits for the first use of a GPU), so that the plan is made for the memory it will be.
+    if direction == Direction::ToDevice && crate::prim::cuda::available() {
+        allocator::use_gpu(Some(device));
+    }
     let r = if size == 0 {
         None
     } else {

@@ -232,13 +232,14 @@ def demo() -> int:
         return 0
     x = np.arange(8, dtype=np.float32)
     before = x.copy()
-    ident = ump_alloc.identify(x)
-    if not ident.device_accessible:
-        print(f"mode '{ump_alloc.mode()}' memory is not reachable by the GPU here; no zero-copy demo")
+    # A CuPy view of the NumPy array's own memory: no copy. Handing it to the GPU is the
+    # process's first use of one: NumPy's memory is pinned then (UMP_ALLOC_PIN=lazy).
+    try:
+        gx = ump_alloc.asarray(x, like="cupy", copy=False)
+    except ValueError as e:
+        print(f"mode '{ump_alloc.mode()}' memory is not reachable by the GPU here; no zero-copy demo ({e})")
         return 0
-    # A CuPy view of the NumPy array's own memory: no copy.
-    mem = cp.cuda.UnownedMemory(x.ctypes.data, x.nbytes, x, device_id=0)
-    gx = cp.ndarray(x.shape, x.dtype, cp.cuda.MemoryPointer(mem, 0))
+    print(f"  identify(x) once the GPU is used: {ump_alloc.identify(x)}")
     cp.ElementwiseKernel("", "float32 y", "y = y * 10 + 1", "ump_demo")(gx)
     cp.cuda.get_current_stream().synchronize()
     print(f"CuPy kernel wrote the NumPy array in place (no copy, same address {gx.data.ptr:#x}):")

@@ -60,6 +60,9 @@ def install(cupy) -> None:
             ptr = a.__array_interface__["data"][0]
             viewable = a.flags.writeable and ptr % a.dtype.alignment == 0  # else asarray copies
             if viewable and (order in (None, "K", "A") or (order == "C" and a.flags.c_contiguous)):
+                from ._identity import pin_for_gpu
+
+                pin_for_gpu()  # the first use of a GPU pins NumPy's memory: before the check
                 if _ours(ptr, "device_accessible"):
                     return _zerocopy.asarray(a, like="cupy", copy=False)
         return orig_asarray(a, dtype=dtype, order=order, **kwargs)

@@ -78,6 +78,14 @@ def identify(obj: object) -> Identity:
     )
 
 
+def pin_for_gpu(device: int = -1) -> None:
+    """The program is about to hand NumPy memory to GPU ``device`` (-1: the current one) by a
+    way ump-alloc does not see: pin the host side's memory now if it waits for the process's
+    first use of a GPU (``UMP_ALLOC_PIN=lazy``). Nothing to do, or no GPU: no error."""
+    _lib.lib().ump_pin_host_side(int(device))
+    _lib.lib().ump_clear_error()
+
+
 def capabilities() -> dict:
     """The machine's capabilities and the mode (in force, or that would be chosen).
     ``fork_shared``: NumPy's pinned pages are shared with ``fork()`` children rather than copied

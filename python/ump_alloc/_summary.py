@@ -35,6 +35,7 @@ def pool_stats() -> list[dict]:
                 "cached": int(s.cached),
                 "largest_free": int(s.largest_free),
                 "reserved": int(s.reserved),
+                "kind": _lib.KIND_NAMES.get(s.kind, "unknown"),
             }
         )
         i += 1

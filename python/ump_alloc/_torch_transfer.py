@@ -178,6 +178,10 @@ def _unified_to(self, device, dtype, copy, torch):
     if _tracing(torch) or self.is_conj() or self.is_neg():
         return None
     typestr = _typestr(self)
+    if device.type == "cuda" and not self.is_cuda:
+        from ._identity import pin_for_gpu
+
+        pin_for_gpu(-1 if device.index is None else device.index)  # before the check below
     ident = _identity(self)
     if typestr is None or ident is None or not ident.ours:
         return None

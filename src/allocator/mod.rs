@@ -38,6 +38,9 @@ pub struct Allocator {
     /// about the mode, so that a program that never touches a GPU loads no CUDA driver (no
     /// driver threads, and fork children free to initialise CUDA themselves).
     gpu: OnceLock<Gpu>,
+    /// The host side was chosen pinned before the machine was asked (see
+    /// `host_side_without_caps`): the machine's answer may differ.
+    provisional: bool,
     device_pool_lock: Mutex<()>,
 }
 
@@ -55,6 +58,8 @@ pub struct Gpu {
     /// PyTorch's segments where they are plain device memory apart from the device side
     /// (`UMP_ALLOC_TORCH_SEGMENTS`), per device.
     segments: Vec<OnceLock<&'static StreamPools>>,
+    /// The counters a device's pool sets share (both count against one `UMP_ALLOC_LIMIT`).
+    device_stats: Vec<OnceLock<&'static PoolStats>>,
 }
 
 impl Gpu {
@@ -63,6 +68,7 @@ impl Gpu {
             hmm: caps.pageable_everywhere(),
             devices: (0..caps.devices.len()).map(|_| OnceLock::new()).collect(),
             segments: (0..caps.devices.len()).map(|_| OnceLock::new()).collect(),
+            device_stats: (0..caps.devices.len()).map(|_| OnceLock::new()).collect(),
             mode: selection.mode,
             mode_reason: selection.reason(),
             selection,
@@ -73,8 +79,11 @@ impl Gpu {
 
 /// The host side a configuration gets without asking the machine, if the rest can wait: a
 /// plain host side with the device side left to `auto` (`UMP_ALLOC_HOST_SIDE=host`, or mode
-/// `host`). Anything else needs the capabilities at once (to choose, or to refuse a side the
-/// machine cannot do when the allocator is enabled).
+/// `host`); or, with every side left to `auto` and `UMP_ALLOC_PIN=lazy` on a machine with
+/// NVIDIA GPU device nodes, the pinned host side, whose memory is pinned only once the process
+/// uses a GPU: the driver is loaded then (`cuInit` alone took about 0.5 s on the lent H100),
+/// not by a process that only uses NumPy. Anything else needs the capabilities at once (to
+/// choose, or to refuse a side the machine cannot do when the allocator is enabled).
 fn host_side_without_caps(config: &Config) -> Option<HostSide> {
     use crate::mode::SideRequest::{Auto, Forced};
     let plain = matches!(
@@ -85,7 +94,13 @@ fn host_side_without_caps(config: &Config) -> Option<HostSide> {
                 Auto | Forced(HostSide::Host)
             )
     );
-    (plain && config.device_side == Auto).then_some(HostSide::Host)
+    if plain && config.device_side == Auto {
+        return Some(HostSide::Host);
+    }
+    let all_auto =
+        (config.mode, config.host_side, config.device_side) == (ModeRequest::Auto, Auto, Auto);
+    (all_auto && config.pin == config::Pin::Lazy && !config.no_cuda && cuda::device_nodes_present())
+        .then_some(HostSide::Pinned)
 }
 
 /// Settings made through the API before initialisation; they override the environment.
@@ -188,7 +203,9 @@ pub fn init() -> Result<&'static Allocator> {
     }
     let config = with_overrides(config?);
     let gpu = OnceLock::new();
-    let side = match host_side_without_caps(&config) {
+    let early = host_side_without_caps(&config);
+    let provisional = early == Some(HostSide::Pinned);
+    let side = match early {
         Some(side) => side,
         None => {
             // Probed above, unless an override changed the request meanwhile (INIT is held
@@ -209,6 +226,7 @@ pub fn init() -> Result<&'static Allocator> {
         config,
         host,
         gpu,
+        provisional,
         device_pool_lock: Mutex::new(()),
     };
     Ok(STATE.get_or_init(|| a))
@@ -373,7 +391,7 @@ impl Allocator {
         let _g = lock(&INIT);
         self.gpu.get_or_init(|| {
             let c = &self.config;
-            let selection = caps
+            let mut selection = caps
                 .select_sides(c.mode, c.host_side, c.device_side)
                 .unwrap_or_else(|e| Selection {
                     mode: Mode::Host,
@@ -384,8 +402,35 @@ impl Allocator {
                     host_reason: "plain host memory".into(),
                     device_reason: e.msg,
                 });
+            let host = self.host.side();
+            if self.provisional && selection.sides.host != host {
+                // The host side was made before the machine was asked: it stays, as memory
+                // that is never pinned (the machine does not need it, or does not allow it).
+                crate::backing::never_pin();
+                selection.host_reason = format!(
+                    "made as pinned host memory before the GPU was asked (UMP_ALLOC_PIN=lazy); \
+                     this machine would take {} ({}), so it is never pinned: plain host memory \
+                     (UMP_ALLOC_PIN=eager chooses at start)",
+                    selection.sides.host.name(),
+                    selection.host_reason
+                );
+                selection.sides.host = host;
+                selection.mode = Mode::of(selection.sides);
+            }
             Gpu::new(caps, selection)
         })
+    }
+
+    /// The mode without asking the machine: the one in force once the machine was asked, else
+    /// the one the sides chosen at start make (`host`, or `pinned` for a pinned host side made
+    /// before the GPU was asked), else None.
+    pub fn mode_known(&self) -> Option<Mode> {
+        match self.gpu.get() {
+            Some(g) => Some(g.mode),
+            None if self.config.mode == ModeRequest::Forced(Mode::Host) => Some(Mode::Host),
+            None if self.provisional => Some(Mode::Pinned),
+            None => None,
+        }
     }
 
     /// The capabilities and the sides if they were made (see [`gpu`](Self::gpu)).
@@ -521,9 +566,17 @@ impl Allocator {
         } else {
             usize::MAX
         };
-        let stats = Box::leak(Box::new(PoolStats::with_parent(
-            crate::pool::stats::device_side(kind),
-        )));
+        // One set of counters per device, whichever of its pool sets comes first: the limit
+        // bounds what the device's sets map together.
+        let stats = *usize::try_from(device)
+            .ok()
+            .and_then(|i| gpu.device_stats.get(i))
+            .expect("a device checked above")
+            .get_or_init(|| {
+                Box::leak(Box::new(PoolStats::with_parent(
+                    crate::pool::stats::device_side(kind),
+                )))
+            });
         let g = StreamPools::new(
             device,
             make,
@@ -615,6 +668,16 @@ impl Allocator {
 }
 
 // ---- blocks of either side -----------------------------------------------------------------
+
+/// The process uses GPU `device` (where known) through ump-alloc, by a way no device-side
+/// allocation shows (a transfer call, a view it hands a GPU): the machine is asked (once) and
+/// NumPy's memory pinned where it waits for that (`UMP_ALLOC_PIN=lazy`).
+pub fn use_gpu(device: Option<i32>) {
+    if let Some(a) = get() {
+        a.gpu();
+    }
+    crate::backing::pin_host_side(device);
+}
 
 /// Refuse `device` unless it names a GPU of this machine (on a machine without one, device 0
 /// stands for the GPU a plan is made for).

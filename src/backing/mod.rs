@@ -11,7 +11,8 @@ pub mod registered;
 pub mod shared;
 pub mod vmm;
 pub use registered::{
-    RegisteredBacking, host_pinning_active, pin_host_side, pinned, pinned_at, set_pinned_cap,
+    RegisteredBacking, host_pinning_active, never_pin, pin_host_side, pinned, pinned_at,
+    set_pinned_cap,
 };
 pub use vmm::{Space, VmmBacking};
 

@@ -36,12 +36,22 @@ static WAITING: AtomicUsize = AtomicUsize::new(0);
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// The device whose primary context registers host chunks once pinning is active.
 static PIN_DEVICE: AtomicI32 = AtomicI32::new(0);
+/// The chunks waiting are never registered: the machine turned out not to need it or not to
+/// allow it (`never_pin`).
+static NEVER: AtomicBool = AtomicBool::new(false);
+
+/// The host side was made pinned before the machine was asked (`UMP_ALLOC_PIN=lazy`), and the
+/// machine's answer is that its memory is not to be pinned (HMM/ATS: the GPUs read it as it
+/// is; or no host registration): the chunks waiting stay plain host memory, and so do new ones.
+pub fn never_pin() {
+    NEVER.store(true, Ordering::Release);
+}
 
 /// The process uses a GPU now (`device`'s context, where known): register every host chunk
 /// waiting to be pinned, and pin new ones as they are made. Does nothing once done, or where
 /// CUDA cannot be used (no driver, a fork child).
 pub fn pin_host_side(device: Option<i32>) {
-    if ACTIVE.load(Ordering::Acquire) || !cuda::available() {
+    if ACTIVE.load(Ordering::Acquire) || NEVER.load(Ordering::Acquire) || !cuda::available() {
         return;
     }
     let mut waiting = lock(&LAZY);
@@ -200,7 +210,12 @@ impl RegisteredBacking {
         }
         if self.lazy && !ACTIVE.load(Ordering::Acquire) {
             let mut waiting = lock(&LAZY);
-            match cuda::active_context_device() {
+            let found = if NEVER.load(Ordering::Acquire) {
+                None
+            } else {
+                cuda::active_context_device()
+            };
+            match found {
                 Some(dev) => activate(&mut waiting, dev),
                 None if !ACTIVE.load(Ordering::Acquire) => {
                     waiting.insert(base, (size, self.shared));
@@ -264,7 +279,10 @@ impl Backing for RegisteredBacking {
         self.shared
     }
     fn map(&self, size: usize) -> Result<Chunk> {
-        if self.register && !cuda::available() {
+        // A lazily pinned chunk needs no CUDA to be made (it is registered when the process
+        // uses a GPU, if ever): the driver is not even loaded for it.
+        let waits = self.lazy && !ACTIVE.load(Ordering::Acquire);
+        if self.register && !waits && !cuda::available() {
             return Err(Error::unsupported(
                 "pinned host memory needs CUDA (not available here, e.g. in a fork() child)",
             ));

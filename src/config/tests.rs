@@ -74,6 +74,7 @@ fn defaults_are_those_of_before_the_table_carried_them() {
         torch_fast_cpu: true,
         torch_unified: false,
         cupy_zero_copy: false,
+        no_cuda: false,
     };
     assert_eq!(Config::default(), before);
 }
@@ -102,6 +103,7 @@ fn every_field_has_a_row() {
         torch_fast_cpu: true,
         torch_unified: true,
         cupy_zero_copy: true,
+        no_cuda: false,
     };
     // `other` differs from `unread()` in every field (no `..`: a new field must come here).
     let u = Config::unread();
@@ -125,6 +127,7 @@ fn every_field_has_a_row() {
         torch_fast_cpu,
         torch_unified,
         cupy_zero_copy,
+        no_cuda,
     } = other.clone();
     assert!(
         mode != u.mode
@@ -146,6 +149,7 @@ fn every_field_has_a_row() {
             && torch_fast_cpu != u.torch_fast_cpu
             && torch_unified != u.torch_unified
             && cupy_zero_copy != u.cupy_zero_copy
+            && no_cuda != u.no_cuda
     );
     let from_other = Config::read_rows(other.clone(), |_| None).unwrap();
     assert_eq!(from_other, Config::default());

@@ -217,6 +217,31 @@ pub extern "C" fn ump_host_pinned() -> c_int {
     })
 }
 
+/// The program is about to hand host memory to GPU `device` (-1: the device current on this
+/// thread, else 0) by a way ump-alloc does not see (a view it makes of NumPy memory, a pointer
+/// wrapped by hand): pin the host side's memory now if it waits for the first use of a GPU
+/// (`UMP_ALLOC_PIN=lazy`), as the first device-side allocation would. Returns `UMP_OK` (also
+/// when there is nothing to pin); `UMP_ERR_INVALID` for a device this machine does not have;
+/// `UMP_ERR_UNSUPPORTED` without a usable GPU (no driver, a fork child of a CUDA process).
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_pin_host_side(device: c_int) -> c_int {
+    super::status("ump_pin_host_side", || {
+        if !crate::prim::cuda::available() {
+            return Err(Error::unsupported(
+                "no usable GPU here (no CUDA driver, or a fork() child of a process that used CUDA)",
+            ));
+        }
+        let device = if device == -1 {
+            crate::prim::cuda::current_device().unwrap_or(0)
+        } else {
+            device
+        };
+        crate::allocator::check_device(device)?;
+        crate::allocator::use_gpu(Some(device));
+        Ok(())
+    })
+}
+
 /// One pool of ump-alloc, as `ump_pool_stat` reports it. Versioned like `ump_stats`.
 #[repr(C)]
 #[derive(Clone, Copy)]

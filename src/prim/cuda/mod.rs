@@ -295,10 +295,42 @@ fn primary_context(d: &Driver, device: i32) -> Result<CUcontext> {
     Ok(slot.get().map_or(ctx, |&c| c as CUcontext))
 }
 
+/// Whether this machine has NVIDIA GPU device nodes (`/dev/nvidiactl`), asked without loading
+/// the driver: a process that may use a GPU, but need not load CUDA until it does.
+pub fn device_nodes_present() -> bool {
+    std::path::Path::new("/dev/nvidiactl").exists()
+}
+
+/// Whether the CUDA driver library is loaded in this process (by ump-alloc or anyone else),
+/// asked without loading it.
+fn driver_loaded() -> bool {
+    if DRIVER.get().is_some() {
+        return true;
+    }
+    LIB_NAMES.iter().any(|name| {
+        let Ok(c) = std::ffi::CString::new(*name) else {
+            return false;
+        };
+        // SAFETY: RTLD_NOLOAD only looks the library up: nothing is loaded or initialised.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
+        if h.is_null() {
+            return false;
+        }
+        // SAFETY: the reference RTLD_NOLOAD just took.
+        unsafe { libc::dlclose(h) };
+        true
+    })
+}
+
 /// The first device whose primary context is active (made by anyone in this process: CuPy,
 /// PyTorch, ump-alloc), read without making one. None when none is, without a driver, in a
-/// fork child, or when the driver cannot tell.
+/// fork child, or when the driver cannot tell. Where no one loaded the driver in this process,
+/// no context can exist: the answer comes without loading it (which costs about half a
+/// second on the lent machines).
 pub fn active_context_device() -> Option<i32> {
+    if !driver_loaded() {
+        return None;
+    }
     let d = driver().ok()?;
     let state = d.cuDevicePrimaryCtxGetState?;
     let n = CONTEXTS.get().map_or_else(
