@@ -15,5 +15,6 @@ echo "== PyTorch C++ ABI (a stand-in libtorch_cuda.so)"
 bash tests/cxx/run.sh
 echo "== PyTorch segment hook (stand-in libc10_cuda.so and libcudart.so.13)"
 bash tests/hook/run.sh
+echo "== fork torture and fork race (stand-in driver)"; bash tests/fork/run.sh
 echo "== pytest"
 .venv/bin/python -m pytest python_tests -q -p no:cacheprovider
