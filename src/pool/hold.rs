@@ -53,8 +53,12 @@ impl Pool {
     /// returning it to its slab.
     #[cold]
     pub(super) fn hold_slot(&'static self, s: &'static Slab, idx: u32, n: usize) -> Result<usize> {
-        lock(&self.classes[s.class]).held.push((s, idx));
-        self.stats.on_hold(s.slot);
+        {
+            // Counted before another thread can see it on the list (and give it back).
+            let mut st = lock(&self.classes[s.class]);
+            self.stats.on_hold(s.slot);
+            st.held.push((s, idx));
+        }
         self.stats.frees.fetch_add(1, Ordering::Relaxed);
         self.stats.sub_in_use(n);
         Ok(n)

@@ -61,13 +61,20 @@ stage() {
     echo "($((SECONDS - t0)) s)"
 }
 
+# The blocks must be shared pages: pinned as they are made (UMP_ALLOC_PIN=eager, the memory of
+# a process that uses a GPU) and, every other run, waiting to be pinned (lazy-all). The
+# default, lazy, gives large blocks plain pages until the first use of a GPU on this kernel.
 for ((i = 1; i <= runs; i++)); do
-    stage "fork torture, UMP_ALLOC_PINNED_FORK=share, run $i of $runs" "$build/torture"
+    pin=$([ $((i % 2)) -eq 1 ] && echo eager || echo lazy-all)
+    stage "fork torture, UMP_ALLOC_PINNED_FORK=share, UMP_ALLOC_PIN=$pin, run $i of $runs" \
+        env UMP_ALLOC_PIN=$pin "$build/torture"
 done
 stage "fork torture, UMP_ALLOC_PINNED_FORK=copy (control)" \
-    env UMP_ALLOC_PINNED_FORK=copy "$build/torture"
+    env UMP_ALLOC_PINNED_FORK=copy UMP_ALLOC_PIN=eager "$build/torture"
+# Eager: the first chunk is registered as it is made, inside its pool's lock (the window of the
+# deadlock this guards against).
 stage "fork racing the first chunk mapping ($race_iters fresh processes, host and device)" \
-    "$build/race" --iters "$race_iters" --size-mib "$race_mib"
+    env UMP_ALLOC_PIN=eager "$build/race" --iters "$race_iters" --size-mib "$race_mib"
 
 if ((${#failures[@]})); then
     step "FAILED: ${#failures[@]} problem(s)"

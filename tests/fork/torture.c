@@ -159,7 +159,8 @@ static uint64_t note_held(void) {
     st.size = (uint32_t)sizeof st;
     if (ump_stats(&st) != UMP_OK) return 0;
     if (st.host_fork_held_blocks > (UINT64_C(1) << 62) || st.host_fork_held > (UINT64_C(1) << 62)) {
-        /* A counter read while below zero: not what this test is about; told at the end. */
+        /* A counter read while below zero: a block given back before it was counted as held
+         * (fixed in pool::hold: counted under its class lock). A failure, told at the end. */
         atomic_fetch_add(&g_held_wrapped, 1);
         return 0;
     }
@@ -548,12 +549,13 @@ int main(int argc, char **argv) {
                : 0.0,
            forks ? fork_s * 1e3 / (double)forks : 0.0, fork_max_s * 1e3, held_drains, took);
     bool fail = g_bad_children || g_bad_grandchildren || g_crashed || g_corrupt_exits || lost ||
-                fork_fails || atomic_load(&g_null) || atomic_load(&g_calloc_dirty);
+                fork_fails || atomic_load(&g_null) || atomic_load(&g_calloc_dirty) ||
+                atomic_load(&g_held_wrapped);
     if (lost) fprintf(stderr, "torture: %ld children or grandchildren sent no report\n", lost);
     if (fork_fails) fprintf(stderr, "torture: %ld forks failed\n", fork_fails);
     if (atomic_load(&g_held_wrapped))
-        fprintf(stderr, "torture: note: ump_stats read host_fork_held(_blocks) below zero "
-                        "(wrapped) %ld times (a counting race, not a failure of this test)\n",
+        fprintf(stderr, "torture: FAIL: ump_stats read host_fork_held(_blocks) below zero "
+                        "(wrapped) %ld times: a held block given back before it was counted\n",
                 atomic_load(&g_held_wrapped));
     return fail ? 1 : 0;
 }
