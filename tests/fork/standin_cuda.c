@@ -61,6 +61,7 @@ typedef struct {
 } CUmemLocation;
 
 static atomic_long n_retains, n_registrations, n_unregistrations, n_ctx_creates;
+static atomic_long n_ctx_syncs, n_mem_frees;
 static atomic_long n_handles;
 static _Thread_local int ctx_depth;
 
@@ -115,6 +116,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned flags) {
     return alloc_mem(p, n);
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+    atomic_fetch_add(&n_mem_frees, 1);
     size_t n = 0;
     pthread_mutex_lock(&table_lock);
     for (int i = 0; i < TABLE; i++)
@@ -211,7 +213,10 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
     *d = 0;
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxSynchronize(void) {
+    atomic_fetch_add(&n_ctx_syncs, 1);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
     switch (e) {
     case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
@@ -347,6 +352,16 @@ EXPORT int standin_counts(long *retains, long *registrations, long *ctx_creates)
     if (ctx_creates) *ctx_creates = atomic_load(&n_ctx_creates);
     return 0;
 }
+
+/* cuCtxSynchronize and cuMemFree_v2 calls so far. */
+EXPORT void standin_sync_free_counts(long *syncs, long *frees) {
+    *syncs = atomic_load(&n_ctx_syncs);
+    *frees = atomic_load(&n_mem_frees);
+}
+
+/* Make a context current on this thread, as the CUDA runtime does for PyTorch before its
+ * cudaMalloc (cudaSetDevice). */
+EXPORT void standin_make_current(void) { ctx_depth++; }
 
 /* Unregistrations so far (not part of standin_counts' three). */
 EXPORT long standin_unregistrations(void) { return atomic_load(&n_unregistrations); }

@@ -24,6 +24,18 @@ LD_PRELOAD="$root/$build/libinterposer.so" HOOK_TEST_INTERPOSER=1 run "$build/te
 if command -v valgrind >/dev/null; then
     run valgrind -q --error-exitcode=1 --leak-check=no "$build/test_hook"
 fi
+# Segments served by ump-alloc: a stand-in driver that serves device memory, a runtime over it.
+drv="$build/driver"
+mkdir -p "$drv"
+cc -shared -fPIC -O1 -g -Wall -Wextra -Werror -pthread -o "$drv/libcuda.so.1" tests/fork/standin_cuda.c
+cc -shared -fPIC -O1 -g -Wall -Wextra -Werror -Wl,-soname,libcudart.so.13 -o "$drv/libcudart.so.13" \
+    tests/hook/fake_cudart_driver.c -L"$drv" -l:libcuda.so.1 "-Wl,-rpath,$root/$drv"
+cc -shared -fPIC -O1 -g -Wall -Wextra -Werror -Wl,-z,relro,-z,now -o "$drv/libc10_cuda.so" \
+    tests/hook/fake_c10_cuda.c -L"$drv" -l:libcudart.so.13 "-Wl,-rpath,$root/$drv"
+cc -O1 -g -Wall -Wextra -Werror -I include -o "$drv/test_segments" tests/hook/test_segments.c \
+    -L target/release -lump_alloc "-Wl,-rpath,$root/target/release" -ldl
+env -u UMP_ALLOC_MODE -u UMP_ALLOC_LIMIT -u UMP_ALLOC_NO_CUDA LD_LIBRARY_PATH="$root/$drv" \
+    UMP_ALLOC_DEVICE_SIDE=device "$drv/test_segments" "$root/$drv/libc10_cuda.so"
 # Lazy binding (no -z now): the slots are in the writable .got.plt, not yet resolved.
 cc -shared -fPIC -O1 -g -Wall -Wextra -Werror -Wl,-z,lazy -o "$build/libc10_cuda.so" \
     tests/hook/fake_c10_cuda.c -L"$build" -l:libcudart.so.13 "-Wl,-rpath,$root/$build"
