@@ -239,6 +239,40 @@ def stats() -> int:
     return 0
 
 
+#: Each command's help (``python -m ump_alloc COMMAND --help``); ``bench`` has its own parser.
+COMMANDS = {
+    "info": (
+        "print the configuration, the machine and the mode (the default command)",
+        "Print every UMP_ALLOC_* variable with its value and what it means, the machine's CUDA "
+        "devices and what they can do, the mode and the memory each side (NumPy; CuPy and "
+        "PyTorch) would get and why, and what that means for NumPy, CuPy, PyTorch, Numba and "
+        "Dask here. It does not start ump-alloc: the configuration is judged as a program run "
+        "with UMP_ALLOC=1 would find it. Exit status 0 when ump-alloc would start "
+        "with this configuration; 2 when it would not, with the configuration error (or why the "
+        "library cannot be loaded) on standard error as well.",
+    ),
+    "demo": (
+        "run the demo",
+        "NumPy on ump-alloc in this process: an array's address, alignment and identity (what "
+        "ump-alloc knows of it). On a machine with a CUDA GPU and CuPy, a CuPy kernel then "
+        "changes a NumPy array in place, at the same address, with no copy. Exit status 0 when "
+        "every check passes.",
+    ),
+    "stats": (
+        "print the memory summary of this process",
+        "Switch NumPy over to ump-alloc in a fresh process (CuPy and PyTorch are left alone) and "
+        "print ump_alloc.memory_summary(): one row per side and per GPU stream pool, with bytes "
+        "in use, cached, mapped and reserved, the peak, the largest free block, fragmentation and "
+        "cache hits and misses. A program prints its own with print(ump_alloc.memory_summary()); "
+        "ump_alloc.stats() gives the same counters as a dict.",
+    ),
+    "bench": (
+        "measure ump-alloc against the default allocators on this machine",
+        "python -m ump_alloc bench --help lists its options.",
+    ),
+}
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
@@ -248,15 +282,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m ump_alloc",
         description="ump-alloc: one allocator for NumPy, CuPy and PyTorch.",
-        epilog="commands: info (the default) prints the configuration, the machine and the mode; "
-        "demo runs the demo; stats prints the memory summary of this process; "
-        "bench [--quick] [--json] [--plot FILE.png] measures ump-alloc against the default "
-        "allocators on this machine.",
+        epilog="python -m ump_alloc COMMAND --help says what a command does.",
     )
-    p.add_argument("command", choices=["demo", "info", "stats", "bench"], nargs="?", default="info")
     p.add_argument("--version", action="version", version=f"ump-alloc {ump_alloc.__version__}")
     p.add_argument("--include", action="store_true", help="print the directory of ump_alloc.h and exit")
     p.add_argument("--libdir", action="store_true", help="print the directory of libump_alloc.so (and lib/pkgconfig) and exit")
+    sub = p.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, (summary, description) in COMMANDS.items():
+        sub.add_parser(name, help=summary, description=description, prog=f"python -m ump_alloc {name}")
     args = p.parse_args(argv)
     if args.include or args.libdir:
         try:
@@ -269,7 +302,7 @@ def main(argv=None) -> int:
             return 2
         return 0
     try:
-        return {"demo": demo, "info": info, "stats": stats}[args.command]()
+        return {"demo": demo, "info": info, "stats": stats}[args.command or "info"]()
     except _lib.UmpError as e:
         print(f"ump_alloc: {e}", file=sys.stderr)
         return 2
