@@ -125,7 +125,38 @@ def shared_pages(path: str = SHMEM_THP) -> str:
     )
 
 
+def _info_without_library(error: _lib.UmpError) -> int:
+    """``info`` when the library cannot be loaded: the error with its fix, and the ``UMP_ALLOC*``
+    variables set in the environment as typed. The table of every variable (defaults, meanings,
+    what each value means) is the library's own (``ump_config_var``), so it cannot be shown."""
+    import os
+
+    print(f"ump-alloc {ump_alloc.__version__}  library: cannot be loaded")
+    print(f"configuration error: {error}")
+    print()
+    print("Configuration (UMP_ALLOC* environment variables set here, as typed; the table of every")
+    print("variable, with its default and what each value means, is in the library, which cannot be loaded):")
+    names = sorted(n for n in os.environ if n.startswith("UMP_ALLOC"))
+    width = max((len(n) for n in names), default=0)
+    for n in names:
+        print(f"  {n:<{width}} = {os.environ[n]}")
+    if not names:
+        print("  (none set)")
+    print()
+    print("Mode: none: ump-alloc cannot start without its library (the configuration error above)")
+    print()
+    print("What this means here:")
+    print("  ump-alloc will not start: fix the configuration error above; a program run with")
+    print("  UMP_ALLOC=1 stops at its first import of NumPy, CuPy or PyTorch with that message.")
+    print(f"ump_alloc: {error}", file=sys.stderr)
+    return 2
+
+
 def info() -> int:
+    try:
+        _lib.lib()
+    except _lib.UmpError as e:
+        return _info_without_library(e)
     problems = ump_alloc.config_errors()
     fatal = any(p.startswith("configuration error:") for p in problems)
     print(f"ump-alloc {ump_alloc.version()}  library: {ump_alloc.library_path()}")
