@@ -59,6 +59,9 @@ ANYWHERE = [
     ({}, True),
     ({"UMP_ALLOC_MODE": "host"}, True),
     ({"UMP_ALLOC_LIMIT": "64M"}, True),
+    # One rule for both byte limits (issue 37): a pinned cap of 1 byte was accepted.
+    ({"UMP_ALLOC_PINNED_LIMIT": "1"}, False),
+    ({"UMP_ALLOC_PINNED_LIMIT": "64M"}, True),
 ]
 
 
