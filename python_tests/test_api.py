@@ -193,3 +193,30 @@ def test_allocator_modules_are_lazy_and_strict():
 
         with pytest.raises(ImportError):
             ac.ump_cupy_allocator
+
+
+@pytest.mark.parametrize("kind, device, what", [
+    ("host", -1, "host"),                     # was "host, host"
+    ("device", 0, "device 0"),                # was "device, device 0"
+    ("registered", -1, "registered, host"),
+    ("managed", 1, "managed, device 1"),
+    ("unknown", -1, "unknown, host"),
+])
+def test_identity_names_kind_and_place_once(kind, device, what):
+    """``repr(identify(x))`` names the kind of memory and where it lives, once where one names
+    the other (``identify`` printed "ours, host, host")."""
+    ident = ump_alloc.Identity(address=0x1040, ours=kind != "unknown", kind=kind, base=0x1000 if kind != "unknown" else 0,
+                               size=4096, device=device, host_accessible=True, device_accessible=device >= 0)
+    text = repr(ident)
+    ours = "ours" if kind != "unknown" else "not ours"
+    block = ", block 0x1000+4096" if kind != "unknown" else ""
+    access = "host, device" if device >= 0 else "host"
+    assert text == f"<Identity 0x1040: {ours}, {what}{block}, reachable by: {access}>", text
+
+
+def test_identity_of_a_numpy_array_says_host_once(ump):
+    a = np.ones(1000)
+    text = repr(ump_alloc.identify(a))
+    if ump_alloc.mode() == "host":
+        assert ": ours, host, block " in text and "host, host" not in text, text
+    assert text.endswith(", reachable by: host>") or text.endswith(", reachable by: host, device>"), text
