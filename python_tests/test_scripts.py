@@ -17,6 +17,8 @@ if not os.path.exists(SETUP):
 # A stand-in interpreter: `-m venv DIR` makes DIR/bin/python (a copy of itself); anything else
 # (pip) is logged, and prints what pip prints unless it is told to be quiet (-q).
 STAND_IN_PYTHON = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "Python $STAND_IN_VERSION"; exit 0; fi
+if [ "$1" = "-c" ]; then [ "$STAND_IN_VERSION" != 3.8.18 ]; exit; fi  # the version check
 echo "$0 $*" >> "$SETUP_LOG"
 if [ "$1 $2" = "-m venv" ]; then
     mkdir -p "$3/bin" && cp "$0" "$3/bin/python" && exit 0
@@ -25,7 +27,7 @@ case " $* " in *" -q "*) ;; *) echo "Collecting numpy (pip noise)" ;; esac
 """
 
 
-def _run(tmp_path):
+def _run(tmp_path, version="3.11.7", ok=True):
     checkout = tmp_path / "checkout"
     (checkout / "scripts").mkdir(parents=True, exist_ok=True)
     shutil.copy(SETUP, checkout / "scripts" / "setup.sh")
@@ -35,9 +37,12 @@ def _run(tmp_path):
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)
     log = tmp_path / "log"
-    env = {"PATH": f"{bindir}{os.pathsep}/usr/bin{os.pathsep}/bin", "SETUP_LOG": str(log), "HOME": str(tmp_path)}
+    env = {"PATH": f"{bindir}{os.pathsep}/usr/bin{os.pathsep}/bin", "SETUP_LOG": str(log), "HOME": str(tmp_path),
+           "STAND_IN_VERSION": version}
     r = subprocess.run(["bash", str(checkout / "scripts" / "setup.sh")], capture_output=True, text=True, env=env,
                        timeout=60)
+    if not ok:
+        return r
     assert r.returncode == 0, r.stdout + r.stderr
     calls = log.read_text().splitlines()
     log.unlink()
@@ -69,3 +74,13 @@ def test_a_later_run_says_it_only_checks(tmp_path):
         "setup: done",
     ], lines
     assert len(calls) == 2 and not any("venv" in c.split(" ", 1)[1][:8] for c in calls), calls
+
+
+def test_an_old_python_is_refused_before_anything_is_installed(tmp_path):
+    """Python 3.8: one line that says what is needed, before any venv or pip (on 3.7/3.8 pip
+    can spend minutes building an old NumPy before it fails)."""
+    r = _run(tmp_path, version="3.8.18", ok=False)
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    assert r.stderr.strip() == ("setup: Python >= 3.9 is required; python3 is Python 3.8.18 "
+                                "(PYTHON=python3.X chooses another)"), r.stderr
+    assert not (tmp_path / "log").exists() and not (tmp_path / "checkout" / ".venv").exists()

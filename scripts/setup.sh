@@ -11,6 +11,10 @@ py=${PYTHON:-python3}
 first=
 if [ ! -x .venv/bin/python ]; then
     first=1
+    "$py" -c 'import sys; sys.exit(sys.version_info < (3, 9))' || {
+        echo "setup: Python >= 3.9 is required; $py is $("$py" --version 2>&1) (PYTHON=python3.X chooses another)" >&2
+        exit 1
+    }
     say "creating .venv ($py -m venv) and upgrading its pip"
     "$py" -m venv .venv
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
