@@ -193,3 +193,40 @@ def test_allocator_modules_are_lazy_and_strict():
 
         with pytest.raises(ImportError):
             ac.ump_cupy_allocator
+
+
+@pytest.mark.parametrize("kind, device, what", [
+    ("host", -1, "host"),                     # was "host, host"
+    ("device", 0, "device 0"),                # was "device, device 0"
+    ("registered", -1, "registered, host"),
+    ("managed", 1, "managed, device 1"),
+    ("unknown", -1, "unknown, host"),
+])
+def test_identity_names_kind_and_place_once(kind, device, what):
+    """``repr(identify(x))`` names the kind of memory and where it lives, once where one names
+    the other (``identify`` printed "ours, host, host")."""
+    gpu = device >= 0 or kind == "registered"  # pinned host memory: the GPU reaches it
+    ident = ump_alloc.Identity(address=0x1040, ours=kind != "unknown", kind=kind, base=0x1000 if kind != "unknown" else 0,
+                               size=4096, device=device, host_accessible=True, device_accessible=gpu)
+    text = repr(ident)
+    ours = "ours" if kind != "unknown" else "not ours"
+    block = ", block 0x1000+4096" if kind != "unknown" else ""
+    access = "host, device" if gpu else "host"
+    assert text == f"<Identity 0x1040: {ours}, {what}{block}, reachable by: {access}>", text
+
+
+def test_identity_of_pinned_memory_not_pinned_yet_says_so():
+    """Pinned host memory that waits for the process's first use of a GPU (UMP_ALLOC_PIN=lazy):
+    the host reaches it, the GPU not yet, and the repr says why."""
+    ident = ump_alloc.Identity(address=0x1040, ours=True, kind="registered", base=0x1000, size=4096, device=-1,
+                               host_accessible=True, device_accessible=False)
+    assert repr(ident) == ("<Identity 0x1040: ours, registered, host, block 0x1000+4096, reachable by: host "
+                           "(not pinned yet: no GPU used in this process)>"), repr(ident)
+
+
+def test_identity_of_a_numpy_array_says_host_once(ump):
+    a = np.ones(1000)
+    text = repr(ump_alloc.identify(a))
+    if ump_alloc.mode() == "host":
+        assert ": ours, host, block " in text and "host, host" not in text, text
+    assert text.endswith(", reachable by: host>") or text.endswith(", reachable by: host, device>"), text

@@ -91,6 +91,12 @@ def test_plot_without_matplotlib_fails_before_measuring(tmp_path):
     assert "round " not in r.stderr, "measured before failing"
     assert not (tmp_path / "chart.png").exists()
     assert elapsed < 30, elapsed
+    # A broken matplotlib (a folder left without __init__.py: `use` is an AttributeError) is
+    # refused up front too, not with a traceback.
+    (stub / "__init__.py").unlink()
+    r = _bench_cmd("--quick", "--plot", str(tmp_path / "chart.png"), env={"PYTHONPATH": str(tmp_path / "stub")})
+    assert r.returncode == 2 and r.stderr.strip().endswith(": pip install matplotlib"), r.stderr
+    assert "Traceback" not in r.stderr and "round " not in r.stderr and r.stdout == "", r.stderr
     # A folder that does not exist is refused up front too.
     r = _bench_cmd("--plot", str(tmp_path / "nope" / "chart.png"), env={"PYTHONPATH": str(tmp_path / "stub")})
     assert r.returncode == 2 and "round " not in r.stderr, r.stderr

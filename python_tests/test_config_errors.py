@@ -153,9 +153,29 @@ def test_command_line_version_and_help():
     r = subprocess.run([sys.executable, "-m", "ump_alloc", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "usage:" in r.stdout
     assert "``" not in r.stdout and ":func:" not in r.stdout, r.stdout
+    top = r.stdout
+    for command in ("info", "demo", "stats", "bench"):
+        assert f"    {command} " in top, f"--help does not list {command}: {top}"
     r = subprocess.run([sys.executable, "-m", "ump_alloc", "bench", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "usage:" in r.stdout
     assert "``" not in r.stdout and ":func:" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("command, says", [
+    ("info", "Print every UMP_ALLOC_* variable"),
+    ("demo", "a CuPy kernel then changes a NumPy array in place"),
+    ("stats", "print ump_alloc.memory_summary()"),
+])
+def test_each_command_has_its_own_help(command, says):
+    """``info --help``, ``demo --help`` and ``stats --help`` say what that command does (they
+    printed the top-level help), and run nothing."""
+    top = subprocess.run([sys.executable, "-m", "ump_alloc", "--help"], capture_output=True, text=True, timeout=60).stdout
+    r = subprocess.run([sys.executable, "-m", "ump_alloc", command, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith(f"usage: python -m ump_alloc {command} [-h]"), r.stdout
+    assert says in " ".join(r.stdout.split()), r.stdout
+    assert r.stdout != top and "--libdir" not in r.stdout, r.stdout
+    assert "Configuration (UMP_ALLOC_*" not in r.stdout and "NumPy on ump-alloc:" not in r.stdout, "the command ran"
 
 
 def test_info_says_what_fork_children_get():

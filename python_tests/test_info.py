@@ -59,6 +59,9 @@ ANYWHERE = [
     ({}, True),
     ({"UMP_ALLOC_MODE": "host"}, True),
     ({"UMP_ALLOC_LIMIT": "64M"}, True),
+    # One rule for both byte limits (issue 37): a pinned cap of 1 byte was accepted.
+    ({"UMP_ALLOC_PINNED_LIMIT": "1"}, False),
+    ({"UMP_ALLOC_PINNED_LIMIT": "64M"}, True),
 ]
 
 
@@ -163,7 +166,7 @@ def test_library_that_is_not_ours_is_one_clear_line(tmp_path):
                        (str(text), "cannot be loaded")):
         info = _info({"UMP_ALLOC_LIBRARY": path})
         assert info.returncode == 2, info.stdout + info.stderr
-        assert info.stdout == "", info.stdout
+        assert f"configuration error: UMP_ALLOC_LIBRARY={path!r} {what}" in info.stdout, info.stdout
         lines = info.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"ump_alloc: UMP_ALLOC_LIBRARY={path!r} {what}"), info.stderr
         assert "unset it to load the packaged one" in lines[0], lines[0]
@@ -172,6 +175,28 @@ def test_library_that_is_not_ours_is_one_clear_line(tmp_path):
         last = r.stderr.strip().splitlines()[-1]
         assert last.startswith(f"ump_alloc._lib.UmpError: UMP_ALLOC_LIBRARY={path!r} {what}"), r.stderr
         assert "AttributeError" not in r.stderr and "OSError" not in r.stderr, r.stderr
+
+
+def test_info_without_a_library_still_shows_the_configuration():
+    """``info`` with a library that cannot be loaded prints the error with its fix, the
+    UMP_ALLOC* variables set (as typed: the table of defaults and meanings is the library's) and
+    the verdict, and exits 2 with the error on standard error (it printed one line and no
+    table, while the program's own error says that info shows them all)."""
+    r = _info({"UMP_ALLOC_LIBRARY": "/nonexistent", "UMP_ALLOC_LIMIT": "8G", "UMP_ALLOC_MODE": "host"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    out = r.stdout.splitlines()
+    assert out[0] == f"ump-alloc {ump_alloc.__version__}  library: cannot be loaded", out
+    error = "UMP_ALLOC_LIBRARY='/nonexistent' does not exist; point UMP_ALLOC_LIBRARY at the libump_alloc.so"
+    assert out[1].startswith(f"configuration error: {error}") and "unset it to load the packaged one" in out[1], out
+    assert "  UMP_ALLOC_LIBRARY = /nonexistent" in out and "  UMP_ALLOC_LIMIT   = 8G" in out, r.stdout
+    assert "  UMP_ALLOC_MODE    = host" in out, r.stdout
+    assert "Mode: none: ump-alloc cannot start without its library" in r.stdout
+    assert "What this means here:" in r.stdout and "ump-alloc will not start" in r.stdout
+    assert r.stderr.strip() == f"ump_alloc: {out[1][len('configuration error: '):]}", r.stderr
+    # The program's own error says the same and sends the user here.
+    ran, err, p = _program({"UMP_ALLOC_LIBRARY": "/nonexistent"})
+    if _enable.pth_installed():
+        assert not ran and err is not None and error in err and "python -m ump_alloc info shows them all" in err, p.stderr
 
 
 def test_library_missing_newer_functions_names_its_version(tmp_path):

@@ -16,8 +16,9 @@ How each block runs, in a fresh temporary directory:
 - Python: saved as ``snippet.py`` and run with this interpreter (as a user who saves it to a
   file would: multiprocessing's spawn needs a real ``__main__``). An expression statement
   followed by ``# True`` or ``# False`` (and any text) is checked: it must evaluate to that.
-  A block of ``>>>`` lines is a doctest: its outputs are checked (whitespace normalised,
-  ``...`` matches anything). A gpu block whose imports are missing is skipped (say, no Numba on
+  A block of ``>>>`` lines is a doctest, checked as ``python -m doctest`` checks it, with no
+  option flags: each output exactly as the interpreter prints it (a wrapped dict fails); a
+  directive written in the block (``# doctest: +ELLIPSIS``) is the only way to loosen that. A gpu block whose imports are missing is skipped (say, no Numba on
   the GPU machine); a block without the marker must have everything it imports.
 - Shell: ``bash -euo pipefail``, with this interpreter first on PATH as ``python``/``python3``.
   Programs the docs name as placeholders (``your_program.py``, ``program.py``, ``train.py``) are
@@ -29,6 +30,11 @@ How each block runs, in a fresh temporary directory:
   suite runs; gpu blocks see the machine as it is.
 
 On the GPU machine, ``pytest python_tests/test_snippets.py -m gpu`` runs the gpu blocks.
+
+The Python blocks without the gpu marker also run on the oldest NumPy the project supports
+(pyproject.toml's ``numpy>=1.22``: 1.22.4, in a CPython 3.9 or 3.10 venv made once in
+``target/numpy-oldest``), all but those that import more than NumPy and ump_alloc; this
+interpreter has the newest (scripts/setup.sh).
 """
 
 from __future__ import annotations
@@ -188,16 +194,18 @@ def _missing(modules) -> list[str]:
     return sorted(m for m in modules if importlib.util.find_spec(m) is None)
 
 
-def run(snippet: Snippet, workdir: str) -> subprocess.CompletedProcess:
-    """Run one snippet in ``workdir`` (see the module's docstring); returns the finished process."""
+def run(snippet: Snippet, workdir: str, python: str = sys.executable, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """Run one snippet in ``workdir`` (see the module's docstring) with ``python`` (this
+    interpreter) and ``env_extra`` in the environment; returns the finished process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("UMP_ALLOC") or k == "UMP_ALLOC_LIBRARY"}
+    env.update(env_extra or {})
     if not snippet.gpu:
         env["UMP_ALLOC_NO_CUDA"] = "1"
     bindir = os.path.join(workdir, ".bin")
     os.makedirs(bindir, exist_ok=True)
     for name in ("python", "python3"):  # a wrapper, not a link: a venv is found from the path run
         with open(os.path.join(bindir, name), "w") as f:
-            f.write(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+            f.write(f'#!/bin/sh\nexec "{python}" "$@"\n')
         os.chmod(os.path.join(bindir, name), 0o755)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     for name in PLACEHOLDERS:
@@ -211,11 +219,11 @@ def run(snippet: Snippet, workdir: str) -> subprocess.CompletedProcess:
     elif snippet.code.lstrip().startswith(">>>"):
         with open(os.path.join(workdir, "snippet.txt"), "w") as f:
             f.write(snippet.code)
-        cmd = [sys.executable, "-m", "doctest", "-o", "NORMALIZE_WHITESPACE", "-o", "ELLIPSIS", "snippet.txt"]
+        cmd = [python, "-m", "doctest", "snippet.txt"]
     else:
         with open(os.path.join(workdir, "snippet.py"), "w") as f:
             f.write(check_truth_comments(snippet.code))
-        cmd = [sys.executable, "snippet.py"]
+        cmd = [python, "snippet.py"]
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -251,6 +259,66 @@ def test_every_document_has_snippets_and_the_markers_are_few():
     assert len(skipped) <= 3, f"skip markers are for the exceptional case: {skipped}"
 
 
+# ---- the oldest NumPy supported -------------------------------------------------------------
+
+#: pyproject.toml's floor (numpy>=1.22, the first with NEP 49's handler API) at its last patch
+#: release; it has wheels for CPython 3.8-3.10. This interpreter has the newest (setup.sh).
+OLDEST_NUMPY = "1.22.4"
+OLDEST_VENV = os.path.join(ROOT, "target", "numpy-oldest")
+
+
+def _python_for_oldest_numpy() -> str | None:
+    """A CPython 3.9 or 3.10 on this machine (pyenv's, or on PATH) that runs, or None."""
+    import shutil
+
+    for v in ("3.9", "3.10"):
+        found = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{v}.*/bin/python{v}"))) + [shutil.which(f"python{v}")]
+        for exe in filter(None, found):
+            if subprocess.run([exe, "-c", "import venv"], capture_output=True, timeout=60).returncode == 0:
+                return exe  # (pyenv's shim on PATH fails where that version is not selected)
+    return None
+
+
+@pytest.fixture(scope="module")
+def oldest_numpy_python():
+    """An interpreter with NumPy 1.22.4 and nothing else, made once in target/numpy-oldest (pip,
+    from PyPI); ump_alloc comes from the checkout (``PYTHONPATH=python``, the library cargo
+    built)."""
+    py = os.path.join(OLDEST_VENV, "bin", "python")
+    stamp = os.path.join(OLDEST_VENV, ".numpy")
+    if not (os.path.exists(py) and os.path.exists(stamp) and open(stamp).read() == OLDEST_NUMPY):
+        base = _python_for_oldest_numpy()
+        if base is None:
+            pytest.skip(f"no CPython 3.9 or 3.10 here for NumPy {OLDEST_NUMPY} (on PATH or in pyenv)")
+        subprocess.run([base, "-m", "venv", "--clear", OLDEST_VENV], check=True, timeout=300)
+        r = subprocess.run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--only-binary=:all:",
+                            f"numpy=={OLDEST_NUMPY}"], capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stdout + r.stderr
+        with open(stamp, "w") as f:
+            f.write(OLDEST_NUMPY)
+    r = subprocess.run([py, "-c", "import numpy; print(numpy.__version__)"], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == OLDEST_NUMPY, r.stdout + r.stderr
+    return py
+
+
+@pytest.mark.parametrize(
+    "snippet", [pytest.param(s, id=s.id) for s in SNIPPETS if s.tag in PYTHON_TAGS and not s.gpu and not s.skip])
+def test_python_snippet_on_the_oldest_numpy(snippet, tmp_path, oldest_numpy_python):
+    """The Python snippets (the doctests included) run as written on NumPy 1.22 too; those that
+    import more than NumPy and ump_alloc (Dask) run on the newest only."""
+    env = {"PYTHONPATH": os.path.join(ROOT, "python")}
+    wanted = sorted(_imports(snippet.code))
+    r = subprocess.run([oldest_numpy_python, "-c", "import importlib.util as u, sys\n"
+                        "print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))", *wanted],
+                       capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+    if r.stdout.strip():
+        pytest.skip(f"imports {r.stdout.strip()}, which the NumPy {OLDEST_NUMPY} interpreter does not have "
+                    "(checked on the newest NumPy above)")
+    r = run(snippet, str(tmp_path), python=oldest_numpy_python, env_extra=env)
+    assert r.returncode == 0, f"{snippet.id} failed on NumPy {OLDEST_NUMPY} (exit {r.returncode}):\n{snippet.code}\n" \
+                              f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+
+
 # ---- the runner itself can fail ------------------------------------------------------------
 
 
@@ -262,6 +330,8 @@ def test_runner_catches_failures(tmp_path):
         "```sh\nfalse\necho never\n```\n\n"
         "```sh\nUMP_ALLOC=1 python your_program.py\n```\n\n"
         "```python\nx = 1\nx == 1   # True\nx == 2   # False, and a remark\nprint(x)  # not checked\n```\n"
+        "```python\n>>> {'a': 1, 'b': 2}\n{'a': 1,\n 'b': 2}\n```\n"
+        "```python\n>>> {'a': 1, 'b': 2}\n{'a': 1, 'b': 2}\n```\n"
     )
     got = snippets(md, "t.md")
     results = []
@@ -276,6 +346,8 @@ def test_runner_catches_failures(tmp_path):
 
     assert (results[4] == 0) == _enable.pth_installed(), results
     assert results[5] == 0, results
+    # A doctest is checked as written: a wrapped output fails, the output Python prints passes.
+    assert results[6] != 0 and results[7] == 0, results
 
 
 def test_markers_are_parsed_and_checked():

@@ -94,7 +94,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: c"UMP_ALLOC_PINNED_LIMIT",
         default: c"50%",
-        help: c"cap on pinned host memory (bytes such as 16G, or a percentage of RAM); beyond it NumPy gets plain host memory",
+        help: c"cap on pinned host memory (bytes such as 16G, at least 64M, or a percentage of RAM); beyond it NumPy gets plain host memory",
         read: |c, v| set(&mut c.pinned_limit, parse_pinned_limit(v)),
         show: |c, _, memory| match c.pinned_limit {
             PinnedLimit::Bytes(b) => show_bytes(b),
@@ -497,7 +497,9 @@ fn parse_side<T>(
         .ok_or_else(|| format!("unknown side; expected {expected}"))
 }
 
-/// Parse a pinned-memory cap: a byte count, or a percentage of memory (`50%`, 1 ..= 100).
+/// Parse a pinned-memory cap: a percentage of memory (`50%`, 1 ..= 100), or a byte count of at
+/// least [`MIN_LIMIT`], the rule of `UMP_ALLOC_LIMIT` ([`at_least_one_arena`]): the host pool
+/// pins whole chunks, so a smaller cap pins none of NumPy's smaller arrays.
 pub fn parse_pinned_limit(v: &str) -> std::result::Result<PinnedLimit, String> {
     if let Some(p) = v.trim().strip_suffix('%') {
         let n: usize = p.trim().parse().map_err(|_| {
@@ -508,7 +510,18 @@ pub fn parse_pinned_limit(v: &str) -> std::result::Result<PinnedLimit, String> {
         }
         return Ok(PinnedLimit::Percent(n));
     }
-    parse_bytes(v).map(PinnedLimit::Bytes)
+    at_least_one_arena(
+        parse_bytes(v)?,
+        "pin nothing: every NumPy array would get plain host memory; for that, set \
+         UMP_ALLOC_HOST_SIDE=host",
+        format!(
+            "pins none of NumPy's arrays under {} MiB (they share that chunk): they get plain \
+             host memory",
+            MIN_LIMIT >> 21
+        ),
+        "use a size such as 16G, or a percentage of memory such as 50%",
+    )
+    .map(PinnedLimit::Bytes)
 }
 
 /// Validate an alignment given as text.
@@ -568,17 +581,35 @@ pub fn parse_limit(v: &str) -> std::result::Result<Option<usize>, String> {
     if v.trim().eq_ignore_ascii_case("none") {
         return Ok(None);
     }
-    match parse_bytes(v)? {
-        0 => Err("a limit of 0 bytes would fail every allocation; use a positive size such as 8G, or \"none\" (or leave it unset) for no limit".into()),
+    at_least_one_arena(
+        parse_bytes(v)?,
+        "fail every allocation; use a positive size such as 8G, or \"none\" (or leave it unset) \
+         for no limit",
+        "fails nearly every allocation".into(),
+        "use a size such as 8G, or \"none\" for no limit",
+    )
+    .map(Some)
+}
+
+/// The rule of both byte limits (`UMP_ALLOC_LIMIT`, `UMP_ALLOC_PINNED_LIMIT`): at least
+/// [`MIN_LIMIT`], one arena. The error says what 0 would do (`zero`, with its fix), what a
+/// smaller count does (`below`) and what to write instead (`fix`).
+fn at_least_one_arena(
+    n: usize,
+    zero: &str,
+    below: String,
+    fix: &str,
+) -> std::result::Result<usize, String> {
+    match n {
+        0 => Err(format!("a limit of 0 bytes would {zero}")),
         n if n < MIN_LIMIT => Err(format!(
             "{n} bytes is below the minimum of {}M, one arena (the chunk a pool maps for its \
-             blocks under {} MiB): a smaller limit fails nearly every allocation; the value \
-             counts bytes (K, M, G, T: powers of 1024), so use a size such as 8G, or \"none\" \
-             for no limit",
+             blocks under {} MiB): a smaller limit {below}; the value counts bytes (K, M, G, T: \
+             powers of 1024), so {fix}",
             MIN_LIMIT >> 20,
             MIN_LIMIT >> 21
         )),
-        n => Ok(Some(n)),
+        n => Ok(n),
     }
 }
 

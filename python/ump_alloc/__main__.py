@@ -139,7 +139,38 @@ def shared_pages(path: str = SHMEM_THP) -> str:
     )
 
 
+def _info_without_library(error: _lib.UmpError) -> int:
+    """``info`` when the library cannot be loaded: the error with its fix, and the ``UMP_ALLOC*``
+    variables set in the environment as typed. The table of every variable (defaults, meanings,
+    what each value means) is the library's own (``ump_config_var``), so it cannot be shown."""
+    import os
+
+    print(f"ump-alloc {ump_alloc.__version__}  library: cannot be loaded")
+    print(f"configuration error: {error}")
+    print()
+    print("Configuration (UMP_ALLOC* environment variables set here, as typed; the table of every")
+    print("variable, with its default and what each value means, is in the library, which cannot be loaded):")
+    names = sorted(n for n in os.environ if n.startswith("UMP_ALLOC"))
+    width = max((len(n) for n in names), default=0)
+    for n in names:
+        print(f"  {n:<{width}} = {os.environ[n]}")
+    if not names:
+        print("  (none set)")
+    print()
+    print("Mode: none: ump-alloc cannot start without its library (the configuration error above)")
+    print()
+    print("What this means here:")
+    print("  ump-alloc will not start: fix the configuration error above; a program run with")
+    print("  UMP_ALLOC=1 stops at its first import of NumPy, CuPy or PyTorch with that message.")
+    print(f"ump_alloc: {error}", file=sys.stderr)
+    return 2
+
+
 def info() -> int:
+    try:
+        _lib.lib()
+    except _lib.UmpError as e:
+        return _info_without_library(e)
     problems = ump_alloc.config_errors()
     fatal = any(p.startswith("configuration error:") for p in problems)
     print(f"ump-alloc {ump_alloc.version()}  library: {ump_alloc.library_path()}")
@@ -256,6 +287,40 @@ def stats() -> int:
     return 0
 
 
+#: Each command's help (``python -m ump_alloc COMMAND --help``); ``bench`` has its own parser.
+COMMANDS = {
+    "info": (
+        "print the configuration, the machine and the mode (the default command)",
+        "Print every UMP_ALLOC_* variable with its value and what it means, the machine's CUDA "
+        "devices and what they can do, the mode and the memory each side (NumPy; CuPy and "
+        "PyTorch) would get and why, and what that means for NumPy, CuPy, PyTorch, Numba and "
+        "Dask here. It does not start ump-alloc: the configuration is judged as a program run "
+        "with UMP_ALLOC=1 would find it. Exit status 0 when ump-alloc would start "
+        "with this configuration; 2 when it would not, with the configuration error (or why the "
+        "library cannot be loaded) on standard error as well.",
+    ),
+    "demo": (
+        "run the demo",
+        "NumPy on ump-alloc in this process: an array's address, alignment and identity (what "
+        "ump-alloc knows of it). On a machine with a CUDA GPU and CuPy, a CuPy kernel then "
+        "changes a NumPy array in place, at the same address, with no copy. Exit status 0 when "
+        "every check passes.",
+    ),
+    "stats": (
+        "print the memory summary of this process",
+        "Switch NumPy over to ump-alloc in a fresh process (CuPy and PyTorch are left alone) and "
+        "print ump_alloc.memory_summary(): one row per side and per GPU stream pool, with bytes "
+        "in use, cached, mapped and reserved, the peak, the largest free block, fragmentation and "
+        "cache hits and misses. A program prints its own with print(ump_alloc.memory_summary()); "
+        "ump_alloc.stats() gives the same counters as a dict.",
+    ),
+    "bench": (
+        "measure ump-alloc against the default allocators on this machine",
+        "python -m ump_alloc bench --help lists its options.",
+    ),
+}
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
@@ -265,15 +330,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m ump_alloc",
         description="ump-alloc: one allocator for NumPy, CuPy and PyTorch.",
-        epilog="commands: info (the default) prints the configuration, the machine and the mode; "
-        "demo runs the demo; stats prints the memory summary of this process; "
-        "bench [--quick] [--json] [--plot FILE.png] measures ump-alloc against the default "
-        "allocators on this machine.",
+        epilog="python -m ump_alloc COMMAND --help says what a command does.",
     )
-    p.add_argument("command", choices=["demo", "info", "stats", "bench"], nargs="?", default="info")
     p.add_argument("--version", action="version", version=f"ump-alloc {ump_alloc.__version__}")
     p.add_argument("--include", action="store_true", help="print the directory of ump_alloc.h and exit")
     p.add_argument("--libdir", action="store_true", help="print the directory of libump_alloc.so (and lib/pkgconfig) and exit")
+    sub = p.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, (summary, description) in COMMANDS.items():
+        sub.add_parser(name, help=summary, description=description, prog=f"python -m ump_alloc {name}")
     args = p.parse_args(argv)
     if args.include or args.libdir:
         try:
@@ -286,7 +350,7 @@ def main(argv=None) -> int:
             return 2
         return 0
     try:
-        return {"demo": demo, "info": info, "stats": stats}[args.command]()
+        return {"demo": demo, "info": info, "stats": stats}[args.command or "info"]()
     except _lib.UmpError as e:
         print(f"ump_alloc: {e}", file=sys.stderr)
         return 2

@@ -409,14 +409,17 @@ def table(result: dict) -> str:
 
 
 def _pyplot():
-    """matplotlib's pyplot (Agg backend), or :class:`BenchError` with the install hint."""
+    """matplotlib's pyplot (Agg backend), or :class:`BenchError` with the install hint: where it
+    is missing, and where it is there but broken (a folder left without ``__init__.py`` imports
+    as an empty namespace, whose ``use`` is an AttributeError; a build for another NumPy)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise BenchError(f"--plot needs matplotlib, which cannot be imported here ({e}): pip install matplotlib") from None
+    except Exception as e:  # noqa: BLE001 - any failure here is "cannot use matplotlib"
+        raise BenchError(f"--plot needs matplotlib, which cannot be imported here ({type(e).__name__}: {e}): "
+                         "pip install matplotlib") from None
     return plt
 
 

@@ -23,14 +23,17 @@ class Identity:
     device_accessible: bool
 
     def __repr__(self) -> str:
+        # The kind of memory, then where it lives (the host, or the device it belongs to), once
+        # where the one names the other: "host" memory on the host, "device" memory of device 0.
         where = f"device {self.device}" if self.device >= 0 else "host"
-        block = f" block {self.base:#x}+{self.size}" if self.base else ""
+        what = where if where.split()[0] == self.kind else f"{self.kind}, {where}"
+        parts = ["ours" if self.ours else "not ours", what]
+        if self.base:
+            parts.append(f"block {self.base:#x}+{self.size}")
         access = ", ".join(n for n, ok in (("host", self.host_accessible), ("device", self.device_accessible)) if ok)
+        parts.append(f"reachable by: {access or 'nobody known'}")
         waiting = " (not pinned yet: no GPU used in this process)" if self.unpinned else ""
-        return (
-            f"<Identity {self.address:#x}: {'ours' if self.ours else 'not ours'}, {self.kind}, {where},"
-            f"{block} reachable by: {access or 'nobody known'}{waiting}>"
-        )
+        return f"<Identity {self.address:#x}: {', '.join(parts)}{waiting}>"
 
     @property
     def unpinned(self) -> bool:

@@ -322,7 +322,7 @@ def library_path() -> str:
     env = os.environ.get("UMP_ALLOC_LIBRARY")
     if env:
         if not os.path.exists(env):
-            raise UmpError(f"UMP_ALLOC_LIBRARY={env!r} does not exist", ERR_CONFIG)
+            raise UmpError(f"UMP_ALLOC_LIBRARY={env!r} does not exist; {_fix_hint()}", ERR_CONFIG)
         return os.path.abspath(env)
     packaged = os.path.join(_HERE, "libump_alloc.so")
     if os.path.exists(packaged):

@@ -255,6 +255,62 @@ fn limits_below_one_arena_are_refused_with_the_minimum() {
 }
 
 #[test]
+fn pinned_limits_follow_the_same_minimum() {
+    // One rule for both byte limits: "1" was accepted as a pinned cap ("1 bytes", pinning
+    // nothing) while UMP_ALLOC_LIMIT=1 was refused.
+    for bad in ["1", "64K", "1M", "63M", "67108863"] {
+        for name in ["UMP_ALLOC_LIMIT", "UMP_ALLOC_PINNED_LIMIT"] {
+            let e = cfg(&[(name, bad)]).unwrap_err();
+            assert_eq!(
+                e.status,
+                crate::error::Status::UMP_ERR_CONFIG,
+                "{name}={bad}"
+            );
+            assert!(
+                e.msg.starts_with(&format!("{name}={bad:?}: "))
+                    && e.msg.contains("below the minimum of 64M"),
+                "{}",
+                e.msg
+            );
+        }
+    }
+    let e = cfg(&[("UMP_ALLOC_PINNED_LIMIT", "1")]).unwrap_err();
+    assert!(
+        e.msg.contains("pins none of NumPy's arrays under 32 MiB")
+            && e.msg.ends_with("or a percentage of memory such as 50%"),
+        "{}",
+        e.msg
+    );
+    // 0 would pin nothing: the setting for that is the host side.
+    let e = cfg(&[("UMP_ALLOC_PINNED_LIMIT", "0")]).unwrap_err();
+    assert!(e.msg.ends_with("set UMP_ALLOC_HOST_SIDE=host"), "{}", e.msg);
+    assert_eq!(
+        cfg(&[("UMP_ALLOC_PINNED_LIMIT", "64M")])
+            .unwrap()
+            .pinned_limit,
+        PinnedLimit::Bytes(MIN_LIMIT)
+    );
+    // Percentages keep their own rule (1% ..= 100% of memory).
+    assert_eq!(
+        cfg(&[("UMP_ALLOC_PINNED_LIMIT", "1%")])
+            .unwrap()
+            .pinned_limit,
+        PinnedLimit::Percent(1)
+    );
+    // UMP_ALLOC_LIMIT's own messages are unchanged.
+    assert_eq!(
+        parse_limit("0").unwrap_err(),
+        "a limit of 0 bytes would fail every allocation; use a positive size such as 8G, or \
+         \"none\" (or leave it unset) for no limit"
+    );
+    assert!(parse_limit("1").unwrap_err().ends_with(
+        "a smaller limit fails nearly every allocation; the value counts bytes \
+                        (K, M, G, T: powers of 1024), so use a size such as 8G, or \"none\" \
+                        for no limit"
+    ));
+}
+
+#[test]
 fn describe_shows_the_parsed_value() {
     let d = |n: &str, v: &str| describe(n, v, 16 << 30);
     assert_eq!(
