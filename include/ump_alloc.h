@@ -401,8 +401,15 @@ struct ump_stats {
   uint64_t host_reallocs_copied;
   uint64_t host_realloc_copied_bytes;
   // Pinned host side shared with `fork()` children (`UMP_ALLOC_PINNED_FORK=share`): bytes
-  // and blocks freed by this process but held back, not reused, while a child forked when
-  // they were live may still read them. They go back once no such child lives.
+  // and blocks freed (or moved by `ump_realloc`) by this process but held back, not reused,
+  // while a child forked when they were live, or a fork child of that child, may still read
+  // them. They go back once no such child lives: each child holds a lock the kernel drops
+  // when it and its own fork children have exited or called `exec`; the locks are looked at
+  // on the allocation slow path at most every 10 ms, and at once by `ump_trim` and
+  // `ump_stats`. A descriptor is opened ahead for each fork's lock, so a fork made with no
+  // descriptor left is tracked too; only without `/proc/self/fd` (or with no descriptor to
+  // be had even past the soft limit) is a child untracked, and what it may read stays held
+  // for the life of the process (with a warning).
   uint64_t host_fork_held;
   uint64_t host_fork_held_blocks;
 };
@@ -682,7 +689,9 @@ void *ump_calloc(size_t nelem, size_t elsize);
 // Resize the block at `ptr` to `new_size` bytes, keeping its contents (up to the smaller size)
 // and its alignment. `ptr == NULL` behaves as `ump_malloc`. On failure returns NULL and the
 // old block stays valid and unchanged. A pointer this library did not allocate is refused
-// (NULL, error counted) and left alone.
+// (NULL, error counted) and left alone. The old block is freed like any other: where a
+// `fork()` child may still read it (pinned pages shared with children), it is never resized
+// in place but moves, and is held back while such a child lives.
 void *ump_realloc(void *ptr, size_t new_size);
 
 // Free the block at `ptr`. `size` is the size NumPy allocated; it is not needed and not

@@ -230,8 +230,15 @@ pub struct ump_stats {
     pub host_reallocs_copied: u64,
     pub host_realloc_copied_bytes: u64,
     /// Pinned host side shared with `fork()` children (`UMP_ALLOC_PINNED_FORK=share`): bytes
-    /// and blocks freed by this process but held back, not reused, while a child forked when
-    /// they were live may still read them. They go back once no such child lives.
+    /// and blocks freed (or moved by `ump_realloc`) by this process but held back, not reused,
+    /// while a child forked when they were live, or a fork child of that child, may still read
+    /// them. They go back once no such child lives: each child holds a lock the kernel drops
+    /// when it and its own fork children have exited or called `exec`; the locks are looked at
+    /// on the allocation slow path at most every 10 ms, and at once by `ump_trim` and
+    /// `ump_stats`. A descriptor is opened ahead for each fork's lock, so a fork made with no
+    /// descriptor left is tracked too; only without `/proc/self/fd` (or with no descriptor to
+    /// be had even past the soft limit) is a child untracked, and what it may read stays held
+    /// for the life of the process (with a warning).
     pub host_fork_held: u64,
     pub host_fork_held_blocks: u64,
 }

@@ -54,7 +54,9 @@ pub extern "C" fn ump_calloc(nelem: usize, elsize: usize) -> *mut c_void {
 /// Resize the block at `ptr` to `new_size` bytes, keeping its contents (up to the smaller size)
 /// and its alignment. `ptr == NULL` behaves as `ump_malloc`. On failure returns NULL and the
 /// old block stays valid and unchanged. A pointer this library did not allocate is refused
-/// (NULL, error counted) and left alone.
+/// (NULL, error counted) and left alone. The old block is freed like any other: where a
+/// `fork()` child may still read it (pinned pages shared with children), it is never resized
+/// in place but moves, and is held back while such a child lives.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_realloc(ptr: *mut c_void, new_size: usize) -> *mut c_void {
     guard(

@@ -70,7 +70,7 @@ pub(crate) use tcache::{
 };
 
 /// Largest request served from slabs; larger ones get spans of their own.
-pub const SMALL_MAX: usize = 256 << 10;
+pub(crate) const SMALL_MAX: usize = 256 << 10;
 /// Largest slab.
 const SLAB_MAX: usize = 4 << 20;
 /// Largest request accepted at all (keeps every size computation far from overflow).
