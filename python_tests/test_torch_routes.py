@@ -126,3 +126,12 @@ def test_cuda_ipc(env, expect):
 
 def test_oversubscription_refused():
     check("oversubscription_refused", ROUTES["segments"])
+
+
+@pytest.mark.parametrize("conf", [
+    {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    {"PYTORCH_ALLOC_CONF": "expandable_segments:True"},
+    {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+])
+def test_pytorch_allocator_settings_are_left_to_pytorch(conf):
+    check("alloc_conf_left_to_pytorch", {"UMP_ALLOC": "1", **conf})

@@ -41,3 +41,28 @@ def test_switch_values_accepted_and_shown(var, good):
 )
 def test_dense_layouts(shape, stride, dense):
     assert tt._dense(shape, stride) is dense
+
+
+def test_pytorch_allocator_settings_leave_pytorch_its_memory():
+    """With PyTorch's own allocator settings (expandable_segments, cudaMallocAsync) the segments
+    route cannot serve PyTorch: ump-alloc leaves PyTorch's memory to PyTorch (route "native",
+    so a MemPool and the settings keep working) instead of swapping its allocator, and says once
+    that NumPy alone is on ump-alloc (issue 37, item 9). No PyTorch needed: the fall-back alone."""
+    import types
+    import warnings
+
+    from ump_alloc import _torch
+
+    saved = dict(_torch._state)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _torch._fall_back(types.SimpleNamespace(__version__="2.11.0"), "PYTORCH_CUDA_ALLOC_CONF has "
+                              "expandable_segments:True")
+        assert _torch._state["route"] == "native", _torch._state
+        (w,) = [str(x.message) for x in seen]
+        assert "leaves PyTorch 2.11.0's CUDA memory to PyTorch" in w and "NumPy" in w, w
+        assert "UMP_ALLOC_TORCH_ROUTE=swap" in w, w
+    finally:
+        _torch._state.clear()
+        _torch._state.update(saved)

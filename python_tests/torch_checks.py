@@ -618,5 +618,35 @@ def oversubscription_refused():
     print("PASS")
 
 
+def alloc_conf_left_to_pytorch():
+    """With PyTorch's own allocator settings (PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF set by
+    the test: expandable_segments:True or backend:cudaMallocAsync), UMP_ALLOC=1 leaves PyTorch's
+    CUDA memory to PyTorch: the backend is the one asked for, a user's MemPool works, tensors are
+    PyTorch's (not ump-alloc's), and NumPy is on ump-alloc (issue 37, item 9)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        import torch
+
+        import ump_alloc
+
+        x = torch.randn(1 << 20, device="cuda")
+    assert _route() == "native", _route()
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    backend = torch.cuda.memory.get_allocator_backend()
+    assert backend == ("cudaMallocAsync" if "cudaMallocAsync" in conf else "native"), backend
+    assert not ump_alloc.identify(x).ours, ump_alloc.identify(x)
+    if backend == "native":
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            y = torch.full((1 << 20,), 3.0, device="cuda")
+        assert float(y.sum()) == 3.0 * (1 << 20)
+    a = np.ones(1 << 20)
+    assert ump_alloc.handles(a), "NumPy stays on ump-alloc"
+    assert any("leaves PyTorch" in str(w.message) for w in seen), [str(w.message) for w in seen]
+    print("PASS")
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

@@ -190,21 +190,18 @@ def _chained() -> str:
 
 
 def _fall_back(torch, why: str) -> None:
-    """The segments route is not available: the swap route if PyTorch still accepts it, else
-    PyTorch's own memory, with a warning that says which and why."""
-    try:
-        _swap(torch)
-        route, effect = "swap", (
-            "ump-alloc replaces PyTorch's allocator instead (the swap route; these then raise: "
-            + "; ".join(SWAP_UNSUPPORTED)
-            + ")"
-        )
-    except TooLateError:
-        route, effect = "native", "PyTorch keeps its own CUDA memory (CUDA tensors exist already)"
-    _state.update(route=route, reason=f"segments route unavailable: {why}")
+    """The segments route is not available: PyTorch keeps its own CUDA memory, and with it
+    everything its settings promise (``expandable_segments``, ``cudaMallocAsync``, a
+    ``MemPool``...); NumPy stays on ump-alloc. One warning says which and why. Replacing
+    PyTorch's allocator instead (the swap route) would break ten everyday calls, so it is taken
+    only when asked for (``UMP_ALLOC_TORCH_ROUTE=swap``)."""
+    _state.update(route="native", reason=f"segments route unavailable: {why}")
     warnings.warn(
-        f"ump-alloc cannot supply PyTorch {torch.__version__}'s segments ({why}); {effect}. "
-        "Set UMP_ALLOC_TORCH_ROUTE=swap to choose that route explicitly, or report your PyTorch build.",
+        f"ump-alloc leaves PyTorch {torch.__version__}'s CUDA memory to PyTorch ({why}): "
+        "NumPy's memory (the host side) alone is on ump-alloc, and copies of CUDA tensors to it "
+        "(.cpu()) still land there. UMP_ALLOC_TORCH_ROUTE=swap makes ump-alloc replace PyTorch's "
+        "allocator instead (memory statistics, snapshots, cudnn.benchmark, MemPool and CUDA IPC "
+        "then raise).",
         RuntimeWarning,
         stacklevel=5,
     )
