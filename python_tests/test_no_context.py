@@ -1,121 +1,30 @@
 """No CUDA context until the program uses a GPU (issue 33), over a stand-in CUDA driver.
 
-The stand-in libcuda.so.1 answers like one GPU without HMM/ATS (so NumPy's side is pinned host
-memory) and counts what costs a real process GPU memory: primary-context retains (each active
-primary context holds 518 MiB on the lent H100) and host registrations, which need a context.
-It reports a primary context active once retained (``cuDevicePrimaryCtxGetState``), and
-``standin_activate()`` plays another library (PyTorch, CuPy) making one. Managed memory is
-plain memory here, so a device-side allocation (CuPy's, PyTorch's segments) runs end to end.
+The stand-in libcuda.so.1 (tests/fork/standin_cuda.c) answers like one GPU without HMM/ATS (so
+NumPy's side is pinned host memory) and counts what costs a real process GPU memory:
+primary-context retains (each active primary context holds 518 MiB on the lent H100) and host
+registrations, which need a context. It reports a primary context active once retained
+(``cuDevicePrimaryCtxGetState``), and ``standin_activate()`` plays another library (PyTorch,
+CuPy) making one. Managed memory is plain memory here, so a device-side allocation (CuPy's,
+PyTorch's segments) runs end to end.
 
 Each program prints one JSON line; every check has a control that shows the violation it
 guards against (UMP_ALLOC_PIN=eager, today's behaviour before the change, makes a context at
 the first array)."""
 
 import json
+import os
 import textwrap
 
 import pytest
 
 from conftest import build_stand_in_cuda, run_python, stand_in_env
 
-STANDIN = textwrap.dedent(
-    r"""
-    #include <pthread.h>
-    #include <stddef.h>
-    #include <string.h>
-    #include <sys/mman.h>
-
-    enum { PAGEABLE_MEMORY_ACCESS = 88, USES_HOST_PAGE_TABLES = 100, VMM = 102, LOG = 256 };
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    static long retains, registrations, unregistrations, ctx_creates;
-    static int active;
-    static size_t reg_base[LOG], reg_size[LOG];
-    static int nreg;
-    static void *maps[LOG];
-    static size_t map_len[LOG];
-
-    int cuInit(unsigned f) { (void)f; return 0; }
-    int cuDriverGetVersion(int *v) { *v = 12080; return 0; }
-    int cuDeviceGetCount(int *n) { *n = 1; return 0; }
-    int cuDeviceGet(int *d, int i) { *d = i; return i == 0 ? 0 : 101; }
-    int cuDeviceGetName(char *s, int len, int d) { (void)d; strncpy(s, "stand-in", len); return 0; }
-    int cuDeviceGetAttribute(int *v, int attr, int d) {
-        (void)d;
-        *v = attr == PAGEABLE_MEMORY_ACCESS || attr == USES_HOST_PAGE_TABLES || attr == VMM ? 0 : 1;
-        return 0;
-    }
-    int cuDeviceTotalMem_v2(size_t *b, int d) { (void)d; *b = (size_t)16 << 30; return 0; }
-    /* What makes a context: counted, and active from then on. */
-    int cuDevicePrimaryCtxRetain(void **c, int d) {
-        (void)d;
-        pthread_mutex_lock(&mu);
-        retains++;
-        active = 1;
-        pthread_mutex_unlock(&mu);
-        *c = (void *)0x1;
-        return 0;
-    }
-    int cuCtxCreate_v2(void **c, unsigned f, int d) { (void)f; (void)d; ctx_creates++; active = 1; *c = (void *)0x2; return 0; }
-    int cuDevicePrimaryCtxGetState(int d, unsigned *flags, int *a) { (void)d; *flags = 0; *a = active; return 0; }
-    int cuCtxPushCurrent_v2(void *c) { (void)c; return 0; }
-    int cuCtxPopCurrent_v2(void **c) { if (c) *c = (void *)0x1; return 0; }
-    int cuCtxGetDevice(int *d) { if (!active) return 201; *d = 0; return 0; }
-    int cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t)8 << 30; *t = (size_t)16 << 30; return 0; }
-    int cuGetErrorName(int e, const char **s) { (void)e; *s = "CUDA_ERROR_STANDIN"; return 0; }
-    int cuMemHostRegister_v2(void *p, size_t n, unsigned f) {
-        (void)f;
-        pthread_mutex_lock(&mu);
-        registrations++;
-        if (nreg < LOG) reg_base[nreg] = (size_t)p, reg_size[nreg] = n, nreg++;
-        pthread_mutex_unlock(&mu);
-        return 0;
-    }
-    int cuMemHostUnregister(void *p) { (void)p; unregistrations++; return 0; }
-    /* Managed and device memory: plain memory. */
-    static int alloc(unsigned long long *p, size_t n) {
-        void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) return 2;
-        pthread_mutex_lock(&mu);
-        for (int i = 0; i < LOG; i++)
-            if (!maps[i]) { maps[i] = m; map_len[i] = n; break; }
-        pthread_mutex_unlock(&mu);
-        *p = (unsigned long long)(size_t)m;
-        return 0;
-    }
-    int cuMemAllocManaged(unsigned long long *p, size_t n, unsigned f) { (void)f; return alloc(p, n); }
-    int cuMemAlloc_v2(unsigned long long *p, size_t n) { return alloc(p, n); }
-    int cuMemFree_v2(unsigned long long p) {
-        pthread_mutex_lock(&mu);
-        for (int i = 0; i < LOG; i++)
-            if (maps[i] == (void *)(size_t)p) { munmap(maps[i], map_len[i]); maps[i] = NULL; break; }
-        pthread_mutex_unlock(&mu);
-        return 0;
-    }
-    static long events;
-    int cuEventCreate(void **e, unsigned f) { (void)f; *e = (void *)(size_t)(0x1000 + ++events); return 0; }
-    int cuEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
-    int cuEventQuery(void *e) { (void)e; return 0; }
-    int cuEventSynchronize(void *e) { (void)e; return 0; }
-    int cuEventDestroy_v2(void *e) { (void)e; return 0; }
-    int cuStreamWaitEvent(void *s, void *e, unsigned f) { (void)s; (void)e; (void)f; return 0; }
-    int cuStreamSynchronize(void *s) { (void)s; return 0; }
-    int cuCtxSynchronize(void) { return 0; }
-    int cuStreamCreate(void **s, unsigned f) { (void)f; *s = (void *)0x77; return 0; }
-    int cuPointerGetAttributes(unsigned n, int *a, void **d, unsigned long long p) {
-        (void)n; (void)a; (void)d; (void)p; return 1;
-    }
-
-    /* For the tests. */
-    void standin_activate(void) { active = 1; }
-    void standin_counts(long *out) { out[0] = retains; out[1] = registrations; out[2] = ctx_creates; out[3] = unregistrations; }
-    /* Whether [p, p+n) lies inside one registered range. */
-    int standin_registered(size_t p, size_t n) {
-        for (int i = 0; i < nreg; i++)
-            if (p >= reg_base[i] && p + n <= reg_base[i] + reg_size[i]) return 1;
-        return 0;
-    }
-    """
-)
+# The stand-in driver of the fork tests (tests/fork/standin_cuda.c): counts retains and
+# registrations, logs the registered ranges, and standin_activate() plays another library
+# making a context.
+STANDIN = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "fork",
+                            "standin_cuda.c")).read()
 
 PRELUDE = textwrap.dedent(
     r"""
@@ -126,9 +35,11 @@ PRELUDE = textwrap.dedent(
     standin = ctypes.CDLL("libcuda.so.1")
 
     def counts():
-        c = (ctypes.c_long * 4)()
-        standin.standin_counts(c)
-        return {"retains": c[0], "registrations": c[1], "ctx_creates": c[2], "unregistrations": c[3]}
+        c = [ctypes.c_long() for _ in range(3)]
+        standin.standin_counts(*(ctypes.byref(x) for x in c))
+        standin.standin_unregistrations.restype = ctypes.c_long
+        return {"retains": c[0].value, "registrations": c[1].value, "ctx_creates": c[2].value,
+                "unregistrations": standin.standin_unregistrations()}
 
     def registered(a):
         return bool(standin.standin_registered(ctypes.c_size_t(a.ctypes.data), ctypes.c_size_t(a.nbytes)))

@@ -184,10 +184,12 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     atomic_fetch_add(&n_retains, 1);
     return CUDA_SUCCESS;
 }
+/* Set by standin_activate(): another library (PyTorch, CuPy) made the primary context. */
+static atomic_int other_context;
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
     if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
     *flags = 0;
-    *active = atomic_load(&n_retains) > 0;
+    *active = atomic_load(&n_retains) > 0 || atomic_load(&other_context);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
@@ -232,10 +234,21 @@ EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
 
 /* ---- host registration ---------------------------------------------------------------------- */
 
+/* The ranges registered so far (the first REG_LOG of them). */
+enum { REG_LOG = 1024 };
+static uintptr_t reg_base[REG_LOG];
+static size_t reg_size[REG_LOG];
+static atomic_int n_reg_logged;
+
 EXPORT CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
-    (void)p, (void)n, (void)flags;
+    (void)flags;
     delay_from_env("STANDIN_REGISTER_DELAY_US");
     atomic_fetch_add(&n_registrations, 1);
+    int i = atomic_fetch_add(&n_reg_logged, 1);
+    if (i < REG_LOG) {
+        reg_base[i] = (uintptr_t)p;
+        reg_size[i] = n;
+    }
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemHostUnregister(void *p) {
@@ -352,6 +365,17 @@ EXPORT int standin_counts(long *retains, long *registrations, long *ctx_creates)
     if (ctx_creates) *ctx_creates = atomic_load(&n_ctx_creates);
     return 0;
 }
+
+/* Whether [p, p+n) lies inside one range registered so far. */
+EXPORT int standin_registered(size_t p, size_t n) {
+    int k = atomic_load(&n_reg_logged);
+    for (int i = 0; i < k && i < REG_LOG; i++)
+        if (p >= reg_base[i] && p + n <= reg_base[i] + reg_size[i]) return 1;
+    return 0;
+}
+
+/* Play another library making the primary context (it is active from now on). */
+EXPORT void standin_activate(void) { atomic_store(&other_context, 1); }
 
 /* cuCtxSynchronize and cuMemFree_v2 calls so far. */
 EXPORT void standin_sync_free_counts(long *syncs, long *frees) {

@@ -12,18 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "ump_alloc.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                \
-            fprintf(stderr, __VA_ARGS__);                                                       \
-            fprintf(stderr, "\n");                                                              \
-            failures++;                                                                         \
-        }                                                                                       \
-    } while (0)
 
 static const char *last(void) {
     const char *m = ump_last_error();

@@ -10,18 +10,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "check.h"
 #include "ump_alloc.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                \
-            fprintf(stderr, __VA_ARGS__);                                                       \
-            fprintf(stderr, "\n");                                                              \
-            failures++;                                                                         \
-        }                                                                                       \
-    } while (0)
 
 typedef int (*Alloc)(void **, size_t);
 typedef int (*Free)(void *);
