@@ -85,8 +85,8 @@ def pin_for_gpu(device: int = -1) -> None:
     """The program is about to hand NumPy memory to GPU ``device`` (-1: the current one) by a
     way ump-alloc does not see: pin the host side's memory now if it waits for the process's
     first use of a GPU (``UMP_ALLOC_PIN=lazy``). Nothing to do, or no GPU: no error."""
-    _lib.lib().ump_pin_host_side(int(device))
-    _lib.lib().ump_clear_error()
+    if _lib.lib().ump_pin_host_side(int(device)) != _lib.OK:
+        _lib.lib().ump_clear_error()  # no GPU here, or no such device: nothing to pin
 
 
 def capabilities() -> dict:

@@ -20,10 +20,12 @@ pub fn stream_create(device: i32) -> Result<usize> {
 }
 
 /// Wait for all work queued on `stream` (0: the legacy default stream) in `device`'s context.
-/// Where that context is not active, no work can be queued in it: nothing is waited for, and
-/// no context is made for the wait.
+/// The default streams of a primary context that is not active hold no work: nothing is waited
+/// for then, and no context is made for the wait. (A stream of its own the caller passes is
+/// waited for as it is.)
 pub fn stream_synchronize(stream: usize, device: i32) -> Result<()> {
-    if !context_active(device.max(0)) {
+    // 0 and CU_STREAM_LEGACY (1): the legacy default stream; CU_STREAM_PER_THREAD (2).
+    if stream <= 2 && !context_active(device.max(0)) {
         return Ok(());
     }
     with_device(device.max(0), |d| {
