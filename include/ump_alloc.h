@@ -605,6 +605,13 @@ size_t ump_block_alignment(size_t size);
 // The mode in force, or `UMP_MODE_UNSET` before initialisation.
 enum ump_mode ump_current_mode(void);
 
+// The mode in force as far as it is known without asking the machine (a question loads the
+// CUDA driver, about 0.5 s): the one in force once the machine was asked, or the one the sides
+// chosen at initialisation make (`UMP_MODE_HOST`, or `UMP_MODE_PINNED` for a pinned host side
+// made before the GPU was asked); `UMP_MODE_UNSET` before initialisation or where only the
+// machine can tell (then `ump_current_mode` asks it).
+enum ump_mode ump_mode_known(void);
+
 // Library version, e.g. "0.1.0".
 const char *ump_version(void);
 

@@ -262,6 +262,7 @@ SIGNATURES = {
     "ump_torch_segments_target": (c_char_p, []),
     "ump_torch_segment_memory": (c_int, [c_char_p]),
     "ump_host_pinned": (c_int, []),
+    "ump_mode_known": (c_int, []),
     "ump_pin_host_side": (c_int, [c_int]),
     "ump_device_memory_info": (c_int, [c_int, ctypes.POINTER(c_size_t), ctypes.POINTER(c_size_t)]),
     "ump_torch_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),

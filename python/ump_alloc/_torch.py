@@ -102,7 +102,10 @@ def install(route: str | None = None, fast_cpu: bool | None = None, unified: boo
             )
         _torch_transfer.install(torch, fast_cpu=fast_cpu, unified=unified)
         return
-    if not torch.cuda.is_available():
+    # No torch.cuda.is_available() here: it starts the CUDA driver (about 0.5 s), which a
+    # process that imports PyTorch but never uses a GPU (a spawn DataLoader worker) must not
+    # pay. Hooking the segments needs no CUDA; PyTorch without a GPU never calls cudaMalloc.
+    if want == "swap" and not torch.cuda.is_available():
         raise _lib.UmpError("PyTorch sees no CUDA device", _lib.ERR_UNSUPPORTED)
     if unified:
         # Views of CUDA tensors on the host need memory the host reads: the device side's

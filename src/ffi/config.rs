@@ -195,6 +195,20 @@ pub extern "C" fn ump_current_mode() -> ump_mode {
     })
 }
 
+/// The mode in force as far as it is known without asking the machine (a question loads the
+/// CUDA driver, about 0.5 s): the one in force once the machine was asked, or the one the sides
+/// chosen at initialisation make (`UMP_MODE_HOST`, or `UMP_MODE_PINNED` for a pinned host side
+/// made before the GPU was asked); `UMP_MODE_UNSET` before initialisation or where only the
+/// machine can tell (then `ump_current_mode` asks it).
+#[unsafe(no_mangle)]
+pub extern "C" fn ump_mode_known() -> ump_mode {
+    guard("ump_mode_known", ump_mode::UMP_MODE_UNSET, || {
+        allocator::get()
+            .and_then(|a| a.mode_known())
+            .map_or(ump_mode::UMP_MODE_UNSET, |m| m.to_c())
+    })
+}
+
 /// Library version, e.g. "0.1.0".
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_version() -> *const c_char {
