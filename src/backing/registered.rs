@@ -209,12 +209,15 @@ impl RegisteredBacking {
             return Ok(false);
         }
         if self.lazy && !ACTIVE.load(Ordering::Acquire) {
-            let mut waiting = lock(&LAZY);
+            // Asked before the list's lock is taken: the answer may look the driver up in the
+            // dynamic loader's tables, whose lock a thread inside `dlopen` holds while it may
+            // allocate (a module's initialiser), which would want the list's lock.
             let found = if NEVER.load(Ordering::Acquire) {
                 None
             } else {
                 cuda::active_context_device()
             };
+            let mut waiting = lock(&LAZY);
             match found {
                 Some(dev) => activate(&mut waiting, dev),
                 None if !ACTIVE.load(Ordering::Acquire) => {
@@ -231,18 +234,16 @@ impl RegisteredBacking {
         Ok(true)
     }
 
-    /// Whether the chunk at `base` waits to be pinned; `forget` takes it off the list.
-    fn waiting(&self, base: usize, forget: bool) -> bool {
+    /// Take the chunk at `base` off the list of those waiting to be pinned. Returns whether it
+    /// was waiting (then it was never registered).
+    fn stop_waiting(&self, base: usize) -> bool {
         if !self.lazy || WAITING.load(Ordering::Acquire) == 0 {
             return false;
         }
         let mut waiting = lock(&LAZY);
-        let found = if forget {
-            waiting.remove(&base).is_some()
-        } else {
-            waiting.contains_key(&base)
-        };
-        if found && forget {
+        let found = waiting.remove(&base).is_some();
+        if found {
+            // Under the lock, as every change of the count (`activate` sets it).
             WAITING.fetch_sub(1, Ordering::Relaxed);
         }
         found
@@ -339,7 +340,7 @@ impl Backing for RegisteredBacking {
         // began (unless it still waits: then taken off the list, under its lock, so that it
         // is not pinned meanwhile). In a fork() child the call is refused (the registration
         // belongs to the parent) and the pages, the child's own copies, are simply unmapped.
-        if self.register && !self.waiting(chunk.raw, true) {
+        if self.register && !self.stop_waiting(chunk.base) {
             let _ = unsafe { cuda::unregister(chunk.raw, self.pin_device()) };
         }
         if let Some(p) = NonNull::new(chunk.raw as *mut u8) {
