@@ -38,7 +38,10 @@ pub struct HostPools {
     /// Allocations the fallback served.
     fallback_allocs: AtomicU64,
     warned: AtomicBool,
-    /// The fallback (plain host memory) serves until the process uses a GPU (see `new`).
+    /// The host side's memory is pinned at the process's first use of a GPU
+    /// (`UMP_ALLOC_PIN=lazy` or `lazy-all`).
+    lazy_pin: bool,
+    /// The fallback (plain host memory) serves large blocks until then (see `new`).
     plain_until_pinned: bool,
 }
 
@@ -68,6 +71,7 @@ impl HostPools {
                 // plain host memory serves the large blocks until then (small ones stay in the
                 // pinned side's arenas, pinned later with the thread caches they feed).
                 // Elsewhere, shared pages for all, pinned later.
+                h.lazy_pin = lazy;
                 h.plain_until_pinned = config.pin == Pin::Lazy
                     && h.fork_share.is_ok()
                     && !crate::prim::os::shmem_huge_pages();
@@ -121,6 +125,7 @@ impl HostPools {
             fallback,
             fallback_allocs: AtomicU64::new(0),
             warned: AtomicBool::new(false),
+            lazy_pin: false,
             plain_until_pinned: false,
         }
     }
@@ -150,14 +155,14 @@ impl HostPools {
         if self.side == HostSide::Managed && crate::prim::fork::is_fork_child() {
             return self.fall_back(fb, n);
         }
-        if self.plain_until_pinned
-            && n > crate::pool::SMALL_MAX
-            && !crate::backing::host_pinning_active()
-        {
-            // A context someone made since (PyTorch, CuPy): the process uses a GPU now.
+        if self.lazy_pin && n > crate::pool::SMALL_MAX && !crate::backing::host_pinning_active() {
+            // A context someone made since (PyTorch, CuPy): the process uses a GPU now. Asked
+            // here, before any lock of a pool (the question may take the dynamic loader's
+            // lock), for large blocks only (a few microseconds each).
             match crate::prim::cuda::active_context_device() {
                 Some(dev) => crate::backing::pin_host_side(Some(dev)),
-                None => return self.fall_back(fb, n),
+                None if self.plain_until_pinned => return self.fall_back(fb, n),
+                None => {}
             }
         }
         match self.primary.alloc(n) {

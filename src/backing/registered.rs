@@ -209,13 +209,13 @@ impl RegisteredBacking {
             return Ok(false);
         }
         if self.lazy && !ACTIVE.load(Ordering::Acquire) {
-            // Asked before the list's lock is taken: the answer may look the driver up in the
-            // dynamic loader's tables, whose lock a thread inside `dlopen` holds while it may
-            // allocate (a module's initialiser), which would want the list's lock.
+            // Under the pool's lock: only where ump-alloc loaded the driver (no look into the
+            // dynamic loader's tables, see `active_context_device_if_loaded`). The host side's
+            // allocations ask the full question before any lock (`HostPools::alloc`).
             let found = if NEVER.load(Ordering::Acquire) {
                 None
             } else {
-                cuda::active_context_device()
+                cuda::active_context_device_if_loaded()
             };
             let mut waiting = lock(&LAZY);
             match found {

@@ -331,6 +331,18 @@ pub fn active_context_device() -> Option<i32> {
     if !driver_loaded() {
         return None;
     }
+    contexts_active()
+}
+
+/// [`active_context_device`] where ump-alloc has the driver loaded already, else None: no look
+/// into the dynamic loader's tables, whose lock must not be taken under a pool's lock (a thread
+/// inside `dlopen` holds it and may allocate).
+pub fn active_context_device_if_loaded() -> Option<i32> {
+    DRIVER.get()?;
+    contexts_active()
+}
+
+fn contexts_active() -> Option<i32> {
     let d = driver().ok()?;
     let state = d.cuDevicePrimaryCtxGetState?;
     let n = CONTEXTS.get().map_or_else(
