@@ -198,12 +198,6 @@ impl HostPools {
         );
     }
 
-    /// Whether plain host memory serves until the process uses a GPU (and the memory made
-    /// before stays plain host memory).
-    pub fn plain_until_pinned(&self) -> bool {
-        self.plain_until_pinned
-    }
-
     /// What `fork()` does with this host side's memory (see [`fork_rule`]).
     pub fn fork_rule(&self) -> (bool, String) {
         fork_rule(self.side, &self.fork_share)
