@@ -253,12 +253,7 @@ fn check(d: &Driver, rc: CuResult, what: &str) -> Result<()> {
 static CONTEXTS: OnceLock<Vec<OnceLock<usize>>> = OnceLock::new();
 
 fn primary_context(d: &Driver, device: i32) -> Result<CUcontext> {
-    let slots = CONTEXTS.get_or_init(|| {
-        let mut n = 0;
-        // SAFETY: valid out-pointer.
-        unsafe { (d.cuDeviceGetCount)(&mut n) };
-        (0..n.max(0)).map(|_| OnceLock::new()).collect()
-    });
+    let slots = CONTEXTS.get_or_init(|| (0..device_count(d)).map(|_| OnceLock::new()).collect());
     let slot = usize::try_from(device)
         .ok()
         .and_then(|i| slots.get(i))
@@ -344,26 +339,10 @@ pub fn active_context_device_if_loaded() -> Option<i32> {
 
 fn contexts_active() -> Option<i32> {
     let d = driver().ok()?;
-    let state = d.cuDevicePrimaryCtxGetState?;
-    let n = CONTEXTS.get().map_or_else(
-        || {
-            let mut n = 0;
-            // SAFETY: valid out-pointer.
-            unsafe { (d.cuDeviceGetCount)(&mut n) };
-            n
-        },
-        |v| v.len() as c_int,
-    );
-    (0..n).find(|&i| {
-        let mut dev: CUdevice = 0;
-        let (mut flags, mut active): (c_uint, c_int) = (0, 0);
-        // SAFETY: valid out-pointers; the ordinal is below the device count.
-        let read = unsafe {
-            (d.cuDeviceGet)(&mut dev, i) == CUDA_SUCCESS
-                && state(dev, &mut flags, &mut active) == CUDA_SUCCESS
-        };
-        read && active != 0
-    })
+    let n = CONTEXTS
+        .get()
+        .map_or_else(|| device_count(d), |v| v.len() as c_int);
+    (0..n).find(|&i| primary_active(d, i) == Some(true))
 }
 
 /// Whether `device`'s primary context is active (see [`active_context_device`]); true where
@@ -371,17 +350,29 @@ fn contexts_active() -> Option<i32> {
 /// it wrongly.
 pub fn context_active(device: i32) -> bool {
     let Ok(d) = driver() else { return false };
-    let Some(state) = d.cuDevicePrimaryCtxGetState else {
-        return true;
-    };
+    primary_active(d, device) != Some(false)
+}
+
+/// Whether device `ordinal`'s primary context is active, read without making one; None where
+/// the driver cannot tell (no `cuDevicePrimaryCtxGetState`, a bad ordinal).
+fn primary_active(d: &Driver, ordinal: i32) -> Option<bool> {
+    let state = d.cuDevicePrimaryCtxGetState?;
     let mut dev: CUdevice = 0;
     let (mut flags, mut active): (c_uint, c_int) = (0, 0);
     // SAFETY: valid out-pointers; a bad ordinal only returns an error code.
-    let known = unsafe {
-        (d.cuDeviceGet)(&mut dev, device) == CUDA_SUCCESS
+    let read = unsafe {
+        (d.cuDeviceGet)(&mut dev, ordinal) == CUDA_SUCCESS
             && state(dev, &mut flags, &mut active) == CUDA_SUCCESS
     };
-    !known || active != 0
+    read.then_some(active != 0)
+}
+
+/// The driver's device count (0 where it cannot tell).
+fn device_count(d: &Driver) -> c_int {
+    let mut n = 0;
+    // SAFETY: valid out-pointer.
+    unsafe { (d.cuDeviceGetCount)(&mut n) };
+    n.max(0)
 }
 
 /// Run `f` with device `device`'s primary context current, restoring the caller's afterwards.

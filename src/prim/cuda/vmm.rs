@@ -154,13 +154,7 @@ pub fn map_pieces(pieces: &[(usize, usize)], device: i32) -> Result<Vec<u64>> {
 pub fn peers_of(device: i32) -> &'static [i32] {
     static PEERS: OnceLock<Vec<OnceLock<Vec<i32>>>> = OnceLock::new();
     let Ok(d) = driver() else { return &[] };
-    let count = || {
-        let mut n = 0;
-        // SAFETY: valid out-pointer.
-        unsafe { (d.cuDeviceGetCount)(&mut n) };
-        n.max(0)
-    };
-    let all = PEERS.get_or_init(|| (0..count()).map(|_| OnceLock::new()).collect());
+    let all = PEERS.get_or_init(|| (0..device_count(d)).map(|_| OnceLock::new()).collect());
     let Some(slot) = usize::try_from(device).ok().and_then(|i| all.get(i)) else {
         return &[];
     };
