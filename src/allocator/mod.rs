@@ -103,6 +103,32 @@ fn host_side_without_caps(config: &Config) -> Option<HostSide> {
         .then_some(HostSide::Pinned)
 }
 
+/// PyTorch's segment memory set at run time (`set_segment_memory`): an index into
+/// [`SEGMENT_CHOICES`] (0: as configured).
+static SEGMENTS_SET: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// What `SEGMENTS_SET` stands for.
+const SEGMENT_CHOICES: [Option<config::TorchSegments>; 3] = [
+    None,
+    Some(config::TorchSegments::Device),
+    Some(config::TorchSegments::Side),
+];
+
+/// Choose the memory of PyTorch's segments from now on (`UMP_ALLOC_TORCH_SEGMENTS`'s values;
+/// `auto` goes back to the configuration): segments already made stay where they are.
+pub fn set_segment_memory(which: &str) -> Result<()> {
+    let choice = config::TorchSegments::parse(which).ok_or_else(|| {
+        Error::invalid(format!(
+            "segment memory {which:?}: expected auto, device or side"
+        ))
+    })?;
+    let i = SEGMENT_CHOICES
+        .iter()
+        .position(|&c| c == Some(choice))
+        .unwrap_or(0);
+    SEGMENTS_SET.store(i as u8, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
 /// Settings made through the API before initialisation; they override the environment.
 #[derive(Default)]
 struct Overrides {
@@ -118,27 +144,6 @@ static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides {
     limit: None,
 });
 static ENV: OnceLock<Result<Config>> = OnceLock::new();
-/// PyTorch's segment memory set at run time (`set_segment_memory`): 0 as configured, 1 plain
-/// device memory, 2 the device side's.
-static SEGMENTS_SET: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Choose the memory of PyTorch's segments from now on (`UMP_ALLOC_TORCH_SEGMENTS`'s values):
-/// segments already made stay where they are.
-pub fn set_segment_memory(which: &str) -> Result<()> {
-    use crate::config::TorchSegments as T;
-    let v = match T::parse(which) {
-        Some(T::Auto) => 0,
-        Some(T::Device) => 1,
-        Some(T::Side) => 2,
-        None => {
-            return Err(Error::invalid(format!(
-                "segment memory {which:?}: expected auto, device or side"
-            )));
-        }
-    };
-    SEGMENTS_SET.store(v, std::sync::atomic::Ordering::Relaxed);
-    Ok(())
-}
 static CAPS: OnceLock<MachineCaps> = OnceLock::new();
 static STATE: OnceLock<Allocator> = OnceLock::new();
 static INIT: Mutex<()> = Mutex::new(());
@@ -475,11 +480,12 @@ impl Allocator {
     pub fn segments_on_device(&self) -> bool {
         use crate::config::TorchSegments as T;
         use crate::mode::SideRequest;
-        let choice = match SEGMENTS_SET.load(std::sync::atomic::Ordering::Relaxed) {
-            1 => T::Device,
-            2 => T::Side,
-            _ => self.config.torch_segments,
-        };
+        let set = SEGMENTS_SET.load(std::sync::atomic::Ordering::Relaxed) as usize;
+        let choice = SEGMENT_CHOICES
+            .get(set)
+            .copied()
+            .flatten()
+            .unwrap_or(self.config.torch_segments);
         let gpu = self.gpu();
         match choice {
             T::Device => gpu.selection.sides.device != DeviceSide::None,
@@ -750,4 +756,27 @@ pub(crate) fn fork_lock_settings(held: &mut Held) {
 /// Set errno to ENOMEM (the malloc family's way of saying why NULL came back).
 pub fn set_enomem() {
     os::set_errno(libc::ENOMEM);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    #[test]
+    fn segment_memory_is_set_by_name_and_auto_goes_back_to_the_configuration() {
+        let choice = || SEGMENT_CHOICES[SEGMENTS_SET.load(Relaxed) as usize];
+        set_segment_memory("device").unwrap();
+        assert_eq!(choice(), Some(config::TorchSegments::Device));
+        set_segment_memory(" SIDE").unwrap();
+        assert_eq!(choice(), Some(config::TorchSegments::Side));
+        assert!(set_segment_memory("managed").is_err());
+        assert_eq!(
+            choice(),
+            Some(config::TorchSegments::Side),
+            "a refused value changes nothing"
+        );
+        set_segment_memory("auto").unwrap();
+        assert_eq!(choice(), None);
+    }
 }
