@@ -31,6 +31,7 @@
  * lock and before the loader lock: its delay is what opens the device side's window (without
  * it, 0 hangs in 1000 device iterations on the CPU box, against about 1 in 2 with it). */
 #define _GNU_SOURCE
+#include "common.h"
 #include "ump_alloc.h"
 
 #include <errno.h>
@@ -48,20 +49,6 @@
 #include <unistd.h>
 
 extern char **environ;
-
-#define MiB ((size_t)1 << 20)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_us(long us) {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 /* ---- the worker ----------------------------------------------------------------------------- */
 

@@ -38,6 +38,7 @@
  * --drain-every N (0: never), --large-every N (1 in N allocations is large), --large-live N
  * (large blocks live per thread), --nice N, --seed N, --realloc-new-seed. */
 #define _GNU_SOURCE
+#include "common.h"
 #include "ump_alloc.h"
 
 #include <errno.h>
@@ -59,7 +60,6 @@
 #include <unistd.h>
 
 #define KiB ((size_t)1 << 10)
-#define MiB ((size_t)1 << 20)
 #define GOLDEN UINT64_C(0x9E3779B97F4A7C15)
 #define SMALL_MAX (64 * KiB)
 #define LARGE_MIN (1 * MiB)
@@ -77,18 +77,6 @@ static uint64_t g_seed = 1;
 static bool g_realloc_new_seed;
 
 /* ---- helpers -------------------------------------------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_us(long us) {
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 static uint64_t xorshift(uint64_t *s) {
     uint64_t x = *s;
