@@ -17,12 +17,12 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/../.." && pwd))"
 cd "$root"
+# shellcheck source=../lib.sh
+source tests/lib.sh
 
 build="tests/c/build"
 libdir="$root/target/release"
 mkdir -p "$build"
-
-step() { printf '\n=== %s\n' "$*"; }
 
 step "cargo build --release"
 cargo build --release
@@ -147,18 +147,6 @@ asan_env=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 unset UMP_ALLOC_ALIGNMENT UMP_ALLOC_MODE UMP_ALLOC_LIMIT UMP_ALLOC_HOST_RETAIN UMP_TEST_QUICK \
     UMP_TEST_CHURN_ITERS UMP_TEST_ITERS
 
-failures=()
-# Run one stage; a failing stage is recorded and the next stages still run.
-stage() {
-    local name="$1"
-    shift
-    step "$name"
-    if ! "$@"; then
-        echo "!!! FAILED: $name"
-        failures+=("$name")
-    fi
-}
-
 stage "ASan+UBSan run (default alignment)" \
     env "${asan_env[@]}" "$build/test_ump_asan"
 stage "ASan+UBSan run (UMP_ALLOC_ALIGNMENT=4096)" \
@@ -227,9 +215,4 @@ fi
 for b in ${header_bugs[@]+"${header_bugs[@]}"}; do
     failures+=("$b")
 done
-if ((${#failures[@]})); then
-    step "FAILED: ${#failures[@]} problem(s)"
-    printf '  - %s\n' "${failures[@]}"
-    exit 1
-fi
-step "all C ABI checks passed"
+finish "all C ABI checks passed"

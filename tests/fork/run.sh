@@ -19,12 +19,12 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/../.." && pwd))"
 cd "$root"
+# shellcheck source=../lib.sh
+source tests/lib.sh
 
 build="target/fork-tests"
 libdir="$root/target/release"
 mkdir -p "$build"
-
-step() { printf '\n=== %s\n' "$*"; }
 
 step "cargo build --release"
 cargo build --release
@@ -48,19 +48,6 @@ runs="${FORK_TORTURE_RUNS:-3}"
 race_iters="${FORK_RACE_ITERS:-400}"
 race_mib="${FORK_RACE_SIZE_MIB:-128}"
 
-failures=()
-stage() {
-    local name="$1"
-    shift
-    step "$name"
-    local t0=$SECONDS
-    if ! "$@"; then
-        echo "!!! FAILED: $name"
-        failures+=("$name")
-    fi
-    echo "($((SECONDS - t0)) s)"
-}
-
 # The blocks must be shared pages: pinned as they are made (UMP_ALLOC_PIN=eager, the memory of
 # a process that uses a GPU) and, every other run, waiting to be pinned (lazy-all). The
 # default, lazy, gives large blocks plain pages until the first use of a GPU on this kernel.
@@ -76,9 +63,4 @@ stage "fork torture, UMP_ALLOC_PINNED_FORK=copy (control)" \
 stage "fork racing the first chunk mapping ($race_iters fresh processes, host and device)" \
     env UMP_ALLOC_PIN=eager "$build/race" --iters "$race_iters" --size-mib "$race_mib"
 
-if ((${#failures[@]})); then
-    step "FAILED: ${#failures[@]} problem(s)"
-    printf '  - %s\n' "${failures[@]}"
-    exit 1
-fi
-step "all fork tests passed"
+finish "all fork tests passed"

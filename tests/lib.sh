@@ -1,0 +1,31 @@
+# Sourced (not run) by the test scripts tests/c/run.sh and tests/fork/run.sh, from the
+# repository's root: a heading per step, stages that record a failure and let the next stages
+# run, and the summary that ends the script.
+
+step() { printf '\n=== %s\n' "$*"; }
+
+failures=()
+
+# stage NAME COMMAND...: run one stage with its heading and its time; a failing stage is
+# recorded and the next stages still run.
+stage() {
+    local name="$1"
+    shift
+    step "$name"
+    local t0=$SECONDS
+    if ! "$@"; then
+        echo "!!! FAILED: $name"
+        failures+=("$name")
+    fi
+    echo "($((SECONDS - t0)) s)"
+}
+
+# finish MESSAGE: exit 1 listing the failed stages, if any; else print MESSAGE.
+finish() {
+    if ((${#failures[@]})); then
+        step "FAILED: ${#failures[@]} problem(s)"
+        printf '  - %s\n' "${failures[@]}"
+        exit 1
+    fi
+    step "$1"
+}
