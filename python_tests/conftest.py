@@ -57,6 +57,20 @@ def run_python(code, env=None, check=True):
     return r
 
 
+def run_check(module, name, env):
+    """Run ``module.name()`` (a module of checks beside this file) in a fresh interpreter with
+    ``env``; it must exit 0 and print PASS itself (a check prints PASS at each place it ends
+    well, so one that returns or exits early by mistake fails). Prints the end of its output;
+    returns the result."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = run_python(f"import sys; sys.path.insert(0, {here!r}); import {module} as t; t.{name}()",
+                   env=env, check=False)
+    print(r.stdout[-4000:])
+    print(r.stderr[-6000:], file=sys.stderr)
+    assert r.returncode == 0 and "PASS" in r.stdout, f"{name} {env} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
 def build_stand_in_cuda(tmp_path_factory, source, *flags):
     """A folder holding ``libcuda.so.1`` compiled from C ``source`` (with ``flags``): a stand-in
     CUDA driver for machines without one. Skips the test where there is no C compiler."""

@@ -3,11 +3,10 @@ Each check runs in a fresh interpreter; see torch_checks.py."""
 
 import json
 import os
-import sys
 
 import pytest
 
-from conftest import GPU, run_python
+from conftest import GPU, run_check
 
 pytestmark = pytest.mark.gpu
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,15 +21,7 @@ ROUTES = {
 
 
 def check(name, env):
-    r = run_python(
-        f"import sys; sys.path.insert(0, {HERE!r}); import torch_checks as t; t.{name}()",
-        env=env,
-        check=False,
-    )
-    print(r.stdout[-4000:])
-    print(r.stderr[-6000:], file=sys.stderr)
-    assert r.returncode == 0 and "PASS" in r.stdout, f"{name} {env} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r
+    return run_check("torch_checks", name, env)
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,10 @@ see two_gpu_checks.py."""
 
 import json
 import os
-import sys
 
 import pytest
 
-from conftest import GPU, run_python
+from conftest import GPU, run_check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -24,15 +23,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpus() < 2, reason="needs two
 
 
 def check(name, env):
-    r = run_python(
-        f"import sys; sys.path.insert(0, {HERE!r}); import two_gpu_checks as t; t.{name}(); print('PASS')",
-        env=env,
-        check=False,
-    )
-    print(r.stdout[-4000:])
-    print(r.stderr[-4000:], file=sys.stderr)
-    assert r.returncode == 0 and "PASS" in r.stdout, f"{name} {env} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r
+    return run_check("two_gpu_checks", name, env)
 
 
 def test_device_pool_memory_is_reachable_from_the_peer():
