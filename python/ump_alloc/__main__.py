@@ -71,7 +71,7 @@ def _pin_rule() -> str:
     if pin == "eager":
         return "as it is made (UMP_ALLOC_PIN=eager): a CUDA context at the first NumPy array"
     return (
-        "at the process's first use of a GPU (UMP_ALLOC_PIN=lazy): not pinned yet (no GPU used "
+        f"at the process's first use of a GPU (UMP_ALLOC_PIN={pin or 'lazy'}): not pinned yet (no GPU used "
         "in this process); a NumPy-only process makes no CUDA context, and its copies to a GPU "
         "run at pageable speed until then"
     )
