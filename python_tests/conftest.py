@@ -23,7 +23,29 @@ def _gpu_available():
 GPU = _gpu_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run only every N-th test, starting at the I-th (0-based): the GPU suite in "
+                          "parts, each under the device tool's ten-minute limit per call")
+
+
+def _shard(config, items):
+    spec = config.getoption("--shard")
+    if not spec:
+        return
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+        if not 0 <= i < n:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(f"--shard {spec!r}: give I/N with 0 <= I < N, e.g. --shard 0/2") from None
+    keep = [item for k, item in enumerate(items) if k % n == i]
+    config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % n != i])
+    items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
+    _shard(config, items)
     if GPU:
         return
     skip = pytest.mark.skip(reason="no CUDA GPU on this machine")
