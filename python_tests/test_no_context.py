@@ -38,8 +38,9 @@ PRELUDE = textwrap.dedent(
         c = [ctypes.c_long() for _ in range(3)]
         standin.standin_counts(*(ctypes.byref(x) for x in c))
         standin.standin_unregistrations.restype = ctypes.c_long
+        standin.standin_inits.restype = ctypes.c_long
         return {"retains": c[0].value, "registrations": c[1].value, "ctx_creates": c[2].value,
-                "unregistrations": standin.standin_unregistrations()}
+                "unregistrations": standin.standin_unregistrations(), "inits": standin.standin_inits()}
 
     def registered(a):
         return bool(standin.standin_registered(ctypes.c_size_t(a.ctypes.data), ctypes.c_size_t(a.nbytes)))
@@ -111,9 +112,17 @@ def _big_kind(pin):
 
 @pytest.mark.parametrize("pin", LAZY)
 def test_a_numpy_only_process_makes_no_context(standin, pin):
+    """The program has the driver library loaded and not initialised, as ``import torch`` leaves
+    it (the PRELUDE's ``CDLL``): ump-alloc asks it whether a context is active without calling
+    ``cuInit``, after which no fork child could use CUDA (PyTorch's ``test_is_pinned_no_context``)."""
     out = _run(standin, NUMPY_ONLY, UMP_ALLOC_PIN=pin)
     assert out["kind"] == "registered" and out["big_kind"] == _big_kind(pin), out
-    assert out["counts"] == {"retains": 0, "registrations": 0, "ctx_creates": 0, "unregistrations": 0}, out
+    counts = dict(out["counts"])
+    inits = counts.pop("inits")
+    assert counts == {"retains": 0, "registrations": 0, "ctx_creates": 0, "unregistrations": 0}, out
+    # Without GPU device nodes (a CPU machine: the stand-in is the only driver) ump-alloc loads
+    # the driver at start to learn the machine; with them, never before the first use of a GPU.
+    assert inits == (0 if os.path.exists("/dev/nvidiactl") else 1), out
     assert out["child_ok"], "a fork child of a not-yet-pinned parent reads its arrays"
     assert not out["host_pinned"] and not out["device_accessible"] and out["registered"] == [False, False], out
     assert "not pinned yet" in out["repr"] and out["summary_says"], out
@@ -122,6 +131,7 @@ def test_a_numpy_only_process_makes_no_context(standin, pin):
 def test_control_eager_pinning_makes_a_context_at_the_first_array(standin):
     out = _run(standin, NUMPY_ONLY, UMP_ALLOC_PIN="eager")
     assert out["counts"]["retains"] >= 1 and out["counts"]["registrations"] >= 2, out
+    assert out["counts"]["inits"] >= 1, out
     assert out["big_kind"] == "registered", out
     assert out["host_pinned"] and out["device_accessible"] and out["registered"] == [True, True], out
     assert "not pinned yet" not in out["repr"] and not out["summary_says"], out
@@ -201,3 +211,53 @@ def test_a_transfer_call_pins_first(standin):
     out = _run(standin, TRANSFER_CALL)
     assert out["before"]["registrations"] == 0, out
     assert out["registered"] and out["device_accessible"], out
+
+
+# PyTorch's own TestCuda::test_is_pinned_no_context (test/test_cuda.py; its test files are not in
+# the wheel), with a NumPy array made first as any NumPy program under UMP_ALLOC=1 does: asking
+# whether a CPU tensor is pinned must not make a context, so that a fork child can still use the
+# GPU ("Cannot re-initialize CUDA in forked subprocess" otherwise).
+IS_PINNED_NO_CONTEXT = textwrap.dedent(
+    r"""
+    import multiprocessing, sys
+    import numpy as np
+    import torch
+
+    a = np.random.default_rng(0).random(1 << 20)  # NumPy's memory: ump-alloc's host side
+    x = torch.from_numpy(a)
+    x.is_pinned()
+    torch.randn(10).is_pinned()
+    print("initialized", torch.cuda.is_initialized())
+
+    def worker(conn):
+        try:
+            conn.send(torch.ones(10, device="cuda")[0].item())
+        except Exception as e:
+            conn.send("Error: " + str(e))
+        finally:
+            conn.close()
+
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    p = multiprocessing.get_context("fork").Process(target=worker, args=(child,))
+    p.start()
+    result = parent.recv()
+    p.join()
+    print("child", result)
+    """
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pin,expect", [("lazy", "1.0"), ("lazy-all", "1.0"), ("eager", "Error")],
+                         ids=["lazy", "lazy-all", "control-eager"])
+def test_pytorch_is_pinned_no_context(pin, expect):
+    """On a real GPU: PyTorch's test passes under UMP_ALLOC=1; the control (eager pinning, the
+    behaviour before issue 33) makes a context at the first array and the fork child fails."""
+    pytest.importorskip("torch")
+    r = run_python(IS_PINNED_NO_CONTEXT, env={"UMP_ALLOC": "1", "UMP_ALLOC_PIN": pin}, check=False)
+    print(r.stdout, r.stderr[-3000:])
+    lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines() if " " in line)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert lines.get("child", "").startswith(expect), r.stdout
+    if expect == "1.0":
+        assert lines.get("initialized") == "False", r.stdout

@@ -38,6 +38,7 @@ enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NOT_SUPPORTED = 801,
@@ -134,8 +135,21 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
 
 /* ---- the driver, the device, contexts ------------------------------------------------------- */
 
+/* cuInit calls so far. As the real driver, every other call but cuDriverGetVersion answers
+ * CUDA_ERROR_NOT_INITIALIZED before the process's first cuInit (a fork child of a process that
+ * called it cannot use CUDA, so a library that merely asks must not call it). */
+static atomic_long n_inits;
+/* Set by standin_activate(): another library (PyTorch, CuPy) initialised the driver and made
+ * the primary context. */
+static atomic_int other_context;
+#define NEED_INIT()                                                                              \
+    do {                                                                                         \
+        if (atomic_load(&n_inits) == 0 && !atomic_load(&other_context))                          \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                   \
+    } while (0)
 EXPORT CUresult cuInit(unsigned flags) {
     (void)flags;
+    atomic_fetch_add(&n_inits, 1);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDriverGetVersion(int *v) {
@@ -143,6 +157,7 @@ EXPORT CUresult cuDriverGetVersion(int *v) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetCount(int *n) {
+    NEED_INIT();
     delay_from_env("STANDIN_COUNT_DELAY_US");
     *n = 1;
     return CUDA_SUCCESS;
@@ -184,9 +199,8 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     atomic_fetch_add(&n_retains, 1);
     return CUDA_SUCCESS;
 }
-/* Set by standin_activate(): another library (PyTorch, CuPy) made the primary context. */
-static atomic_int other_context;
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
+    NEED_INIT();
     if (d != 0) return CUDA_ERROR_INVALID_DEVICE;
     *flags = 0;
     *active = atomic_load(&n_retains) > 0 || atomic_load(&other_context);
@@ -386,6 +400,9 @@ EXPORT void standin_sync_free_counts(long *syncs, long *frees) {
 /* Make a context current on this thread, as the CUDA runtime does for PyTorch before its
  * cudaMalloc (cudaSetDevice). */
 EXPORT void standin_make_current(void) { ctx_depth++; }
+
+/* cuInit calls so far (not part of standin_counts' three). */
+EXPORT long standin_inits(void) { return atomic_load(&n_inits); }
 
 /* Unregistrations so far (not part of standin_counts' three). */
 EXPORT long standin_unregistrations(void) { return atomic_load(&n_unregistrations); }

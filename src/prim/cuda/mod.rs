@@ -24,6 +24,7 @@ use cudarc::driver::sys::{
     CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemGenericAllocationHandle,
     CUmemLocation, CUmemLocationType, CUpointer_attribute, CUstream,
 };
+use libloading::os::unix::Library;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::{Mutex, OnceLock};
 
@@ -296,35 +297,58 @@ pub fn device_nodes_present() -> bool {
     std::path::Path::new("/dev/nvidiactl").exists()
 }
 
-/// Whether the CUDA driver library is loaded in this process (by ump-alloc or anyone else),
-/// asked without loading it.
-fn driver_loaded() -> bool {
-    if DRIVER.get().is_some() {
-        return true;
-    }
-    LIB_NAMES.iter().any(|name| {
-        let Ok(c) = std::ffi::CString::new(*name) else {
-            return false;
-        };
+/// The first device whose primary context another library (PyTorch, CuPy, Numba) made, asked
+/// of the driver that library loaded without initialising it: `cuInit` is the one call that
+/// must not happen here, since a fork child of a process that called it cannot use CUDA
+/// (PyTorch's `test_is_pinned_no_context`: a parent that only asked `is_pinned` must leave its
+/// fork children a working GPU). Before anyone's `cuInit` the driver answers
+/// `CUDA_ERROR_NOT_INITIALIZED`, and no context can exist. None: the driver is not loaded, not
+/// initialised, or no primary context is active.
+fn foreign_context_device() -> Option<i32> {
+    type Count = unsafe extern "C" fn(*mut c_int) -> CuResult;
+    type Get = unsafe extern "C" fn(*mut CUdevice, c_int) -> CuResult;
+    type State = unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> CuResult;
+    let lib = LIB_NAMES.iter().find_map(|name| {
         // SAFETY: RTLD_NOLOAD only looks the library up: nothing is loaded or initialised.
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOLOAD | libc::RTLD_LAZY) };
-        if h.is_null() {
-            return false;
+        unsafe { Library::open(Some(*name), libc::RTLD_NOLOAD | libc::RTLD_LAZY) }.ok()
+    })?;
+    // SAFETY: the driver's documented C names, typed as in cuda.h; the pointers are used only
+    // while `lib` holds its reference.
+    let (count, get, state) = unsafe {
+        (
+            *lib.get::<Count>(b"cuDeviceGetCount\0").ok()?,
+            *lib.get::<Get>(b"cuDeviceGet\0").ok()?,
+            *lib.get::<State>(b"cuDevicePrimaryCtxGetState\0").ok()?,
+        )
+    };
+    let mut n: c_int = 0;
+    // SAFETY: a valid out-pointer; an uninitialised driver only returns an error code.
+    if unsafe { count(&mut n) } != CUDA_SUCCESS {
+        return None;
+    }
+    (0..n).find(|&i| {
+        let mut dev: CUdevice = 0;
+        let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+        // SAFETY: valid out-pointers; a bad ordinal only returns an error code.
+        unsafe {
+            get(&mut dev, i) == CUDA_SUCCESS
+                && state(dev, &mut flags, &mut active) == CUDA_SUCCESS
+                && active != 0
         }
-        // SAFETY: the reference RTLD_NOLOAD just took.
-        unsafe { libc::dlclose(h) };
-        true
     })
 }
 
 /// The first device whose primary context is active (made by anyone in this process: CuPy,
-/// PyTorch, ump-alloc), read without making one. None when none is, without a driver, in a
-/// fork child, or when the driver cannot tell. Where no one loaded the driver in this process,
-/// no context can exist: the answer comes without loading it (which costs about half a
-/// second on the lent machines).
+/// PyTorch, ump-alloc), read without making one and without initialising the driver. None
+/// when none is, without a driver, in a fork child, or when the driver cannot tell. Where
+/// ump-alloc has not loaded the driver, another library's driver is asked as it is (see
+/// [`foreign_context_device`]): where nobody loaded or initialised it, no context can exist,
+/// and ump-alloc neither loads it (about half a second on the lent machines) nor calls
+/// `cuInit` (fork children could not use CUDA).
 pub fn active_context_device() -> Option<i32> {
-    if !driver_loaded() {
-        return None;
+    if DRIVER.get().is_none() {
+        // Another library's context: initialising ours now changes nothing for fork children.
+        foreign_context_device()?;
     }
     contexts_active()
 }
