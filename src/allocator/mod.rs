@@ -99,7 +99,8 @@ fn host_side_without_caps(config: &Config) -> Option<HostSide> {
     }
     let all_auto =
         (config.mode, config.host_side, config.device_side) == (ModeRequest::Auto, Auto, Auto);
-    (all_auto && config.pin == config::Pin::Lazy && !config.no_cuda && cuda::device_nodes_present())
+    let lazy = matches!(config.pin, config::Pin::Lazy | config::Pin::LazyAll);
+    (all_auto && lazy && !config.no_cuda && cuda::device_nodes_present())
         .then_some(HostSide::Pinned)
 }
 
