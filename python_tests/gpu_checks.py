@@ -2136,8 +2136,8 @@ def fork_children_leak_nothing():
 def plain_host_side_loads_no_cuda():
     """UMP_ALLOC_HOST_SIDE=host on the GPU machine: a NumPy program that allocates and forks starts
     no thread and does not load the CUDA driver (Python 3.12's fork warning, made an error here,
-    stays quiet); asking for the mode loads it. Control (UMP_GPU_CONTROL=1, default sides): the
-    driver is loaded at enable()."""
+    stays quiet); asking for the mode loads it. Control (UMP_GPU_CONTROL=1, default sides with
+    UMP_ALLOC_PIN=eager): the driver is loaded at enable()."""
     import warnings
 
     import ump_alloc
@@ -2163,7 +2163,7 @@ def plain_host_side_loads_no_cuda():
     print(f"threads {start} -> {threads()}, libcuda loaded: {cuda_loaded()}, fork warnings: {fork_warnings}, "
           f"control: {control}")
     if control:
-        assert cuda_loaded(), "control: the default sides load the driver at enable()"
+        assert cuda_loaded(), "control: eager pinning loads the driver at enable()"
         return
     assert threads() == start and not cuda_loaded() and not fork_warnings, (start, threads())
     print("mode when asked:", ump_alloc.mode(), "| libcuda loaded now:", cuda_loaded())

@@ -40,6 +40,11 @@ SHARED = [m for m in supported_modes() if m != "device"]
 # Checks of ump-alloc's own caching under PyTorch (stream order, its record_stream, its
 # statistics and limit messages): the swap route, where every tensor is an ump-alloc block.
 SWAP = {"UMP_ALLOC_TORCH_ROUTE": "swap"}
+# Checks whose arrays are made before the process's first use of a GPU and must be pinned host
+# memory once it comes (shared with fork children, reachable by kernels): `lazy-all`. At the
+# default (`lazy`) such large blocks are plain host memory where shared memory has 4 KiB pages
+# (issue 33: they cost a NumPy-only process nothing); test_no_context.py holds that rule.
+EARLY_PINNED = {"UMP_ALLOC_PIN": "lazy-all"}
 
 
 def check(name, mode=None, extra=None):
@@ -59,7 +64,7 @@ def test_auto_mode_selection():
 
 @pytest.mark.parametrize("mode", SHARED or ["managed"])
 def test_numpy_shared_with_cupy_and_torch(mode):
-    check("numpy_shared_with_cupy_and_torch", mode)
+    check("numpy_shared_with_cupy_and_torch", mode, EARLY_PINNED)
 
 
 @pytest.mark.parametrize("mode", SHARED or ["managed"])
@@ -158,7 +163,7 @@ def test_asnumpy_paths(mode):
 
 @pytest.mark.parametrize("mode", SHARED or ["managed"])
 def test_asarray_paths(mode):
-    check("asarray_paths", mode)
+    check("asarray_paths", mode, EARLY_PINNED)
 
 
 # ---- issue 5 ----------------------------------------------------------------------------------
@@ -197,7 +202,7 @@ def test_headroom_keeps_device_memory_free():
 
 @pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
 def test_pinned_cap_falls_back_to_plain_memory_with_one_warning():
-    r = check("pinned_cap_fallback", "pinned", {"UMP_ALLOC_PINNED_LIMIT": "64M"})
+    r = check("pinned_cap_fallback", "pinned", {"UMP_ALLOC_PINNED_LIMIT": "64M", **EARLY_PINNED})
     assert r.stderr.count("ump-alloc: warning:") == 1, r.stderr
 
 
@@ -306,7 +311,7 @@ def test_transfer_choice_torch(mode):
 
 @pytest.mark.parametrize("mode", SHARED or ["managed"])
 def test_numpy_thread_made_before_enable(mode):
-    check("numpy_thread_made_before_enable", mode)
+    check("numpy_thread_made_before_enable", mode, EARLY_PINNED)
 
 
 # ---- issue 20: fork() and the pinned host side ---------------------------------------------------
@@ -315,18 +320,18 @@ def test_numpy_thread_made_before_enable(mode):
 @pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
 @pytest.mark.parametrize("fork", ["share", "copy"])
 def test_fork_pinned_pages(fork):
-    check("fork_pinned_pages", "pinned", {"UMP_ALLOC_PINNED_FORK": fork})
+    check("fork_pinned_pages", "pinned", {"UMP_ALLOC_PINNED_FORK": fork, **EARLY_PINNED})
 
 
 @pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
 @pytest.mark.parametrize("fork", ["share", "copy"])
 def test_fork_holds_freed_blocks(fork):
-    check("fork_holds_freed_blocks", "pinned", {"UMP_ALLOC_PINNED_FORK": fork})
+    check("fork_holds_freed_blocks", "pinned", {"UMP_ALLOC_PINNED_FORK": fork, **EARLY_PINNED})
 
 
 @pytest.mark.skipif("pinned" not in supported_modes(), reason="no pinned host side on this GPU")
 def test_fork_children_leak_nothing():
-    check("fork_children_leak_nothing", "pinned")
+    check("fork_children_leak_nothing", "pinned", EARLY_PINNED)
 
 
 @pytest.mark.parametrize("control", ["0", "1"])
@@ -334,6 +339,8 @@ def test_plain_host_side_loads_no_cuda(control):
     env = {"UMP_GPU_CONTROL": control, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     if control == "0":
         env["UMP_ALLOC_HOST_SIDE"] = "host"
+    else:
+        env["UMP_ALLOC_PIN"] = "eager"  # pins at enable(): loads the driver (lazy waits for a GPU use)
     check("plain_host_side_loads_no_cuda", None, env)
 
 
