@@ -434,8 +434,9 @@ def ddp_two_ranks():
     rounds = int(os.environ.get("DDP_ROUNDS", "2"))
     res = {"plain": [], "ump": []}
     port = 29500 + os.getpid() % 1000
-    for r in range(rounds):
-        for name, env in (("plain", {"UMP_ALLOC": "0"}), ("ump", {"UMP_ALLOC": "1"})):
+    configs = (("plain", {"UMP_ALLOC": "0"}), ("ump", {"UMP_ALLOC": "1"}))
+    for r in range(rounds):  # interleaved, in turn forward and backward: drift hits both alike
+        for name, env in configs if r % 2 == 0 else configs[::-1]:
             port += 1
             res[name].append(run_ddp(env, port))
     for rp, ru in zip(res["plain"], res["ump"]):
