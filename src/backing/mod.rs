@@ -220,6 +220,17 @@ pub trait Backing: Send + Sync {
     fn fork_lock(&self) -> Option<Box<dyn std::any::Any>> {
         None
     }
+
+    /// Give the physical pages of free range `[addr, addr+len)` (whole pages, inside a chunk)
+    /// back to the OS, keeping the addresses: they read zero when touched again. Returns
+    /// whether it was done; false (the default) where pages must stay: pinned, shared or
+    /// device memory, and memory a GPU reads (`system`).
+    ///
+    /// # Safety
+    /// No live block overlaps the range.
+    unsafe fn discard_free(&self, _addr: usize, _len: usize) -> bool {
+        false
+    }
 }
 
 /// Default size of a chunk that pools cut blocks from (an arena small blocks share). Requests
@@ -274,6 +285,10 @@ impl Backing for HostBacking {
         if size >= HUGEPAGE_MIN {
             os::advise_hugepage(ptr as *mut u8, size);
         }
+    }
+    unsafe fn discard_free(&self, addr: usize, len: usize) -> bool {
+        // Private anonymous memory only the host reads: a fork child keeps its own copy.
+        self.kind == Kind::UMP_KIND_HOST && os::discard(addr as *mut u8, len)
     }
     unsafe fn shrink(&self, chunk: &Chunk, size: usize, book: &mut dyn RangeBook) -> Option<Chunk> {
         if chunk.raw != chunk.base || chunk.raw_size != chunk.size || size >= chunk.size {

@@ -33,6 +33,8 @@ const QUICK_MAX: usize = 32;
 /// Most bytes the exact-size list holds (and, with idle chunks and kept slabs, never more
 /// than the pool's `retain`).
 const QUICK_MAX_BYTES: usize = 256 << 20;
+/// Free spans from this size give their pages back when the pool grows (`discard_free_pages`).
+const DISCARD_FREE_MIN: usize = 1 << 20;
 
 /// Descriptor of a span: a granule-aligned range inside one chunk.
 pub struct Span {
@@ -467,11 +469,31 @@ impl Pool {
         if let Some(fit) = self.take_fit(&mut lg, len) {
             return self.finish_take(&mut lg, fit, len, state, req, true);
         }
+        if !self.lazy() {
+            self.discard_free_pages(&lg);
+        }
         let chunk = self.map_chunk(&mut lg, chunk_len, len)?;
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
         let dirty = !self.backing.fresh_is_zero();
         let sp = self.chunk_span(&mut lg, &chunk, dirty);
         self.finish_take(&mut lg, Fit::tail(sp), len, state, req, false)
+    }
+
+    /// Before the pool grows by a chunk, the pages of its free spans (from
+    /// [`DISCARD_FREE_MIN`]) go back to the OS where the backing allows it (plain host memory):
+    /// memory held free but resident would otherwise add to the process's peak beside the new
+    /// chunk, where glibc's malloc has unmapped its large blocks at their free. A span comes
+    /// back, its pages zeroed, when it is reused; one not written since is skipped.
+    fn discard_free_pages(&self, lg: &Large) {
+        for sp in lg.free.values() {
+            if sp.len() >= DISCARD_FREE_MIN && sp.dirty.load(Ordering::Relaxed) {
+                // SAFETY: a free span: no live block overlaps it, and the pool's lock keeps
+                // it free meanwhile.
+                if unsafe { self.backing.discard_free(sp.start(), sp.len()) } {
+                    sp.dirty.store(false, Ordering::Relaxed);
+                }
+            }
+        }
     }
 
     /// Best fit for `len` bytes from this pool's free spans, out of the set.

@@ -649,3 +649,55 @@ fn cached_slots_pin_no_arena_past_retain() {
         .unwrap();
     }
 }
+
+/// Whether the page holding `addr` is resident (mincore; no access is made).
+fn resident(addr: usize) -> bool {
+    let page = crate::prim::os::page_size();
+    let mut v = 0u8;
+    // SAFETY: mincore only inspects the mapping and writes one byte.
+    let rc = unsafe { libc::mincore((addr & !(page - 1)) as *mut libc::c_void, page, &mut v) };
+    rc == 0 && v & 1 == 1
+}
+
+/// A freed 20 MiB block in an arena, then a request no free span fits: what the pool does with
+/// the freed block's pages as it maps a new chunk. Returns (resident before, resident after,
+/// the same 20 MiB asked again: its address, and whether it came zeroed).
+fn free_pages_when_growing(kind: Kind) -> (bool, bool, usize, bool) {
+    let p = Pool::new(Box::new(HostBacking::new(kind)), 512, None, usize::MAX);
+    let a = p.alloc(20 << 20).unwrap().ptr;
+    let b = p.alloc(20 << 20).unwrap().ptr;
+    let c = p.alloc(20 << 20).unwrap().ptr;
+    // SAFETY: a live block of 20 MiB.
+    unsafe { std::ptr::write_bytes(a as *mut u8, 0x5a, 20 << 20) };
+    p.free(a).unwrap();
+    let before = resident(a + (10 << 20));
+    let d = p.alloc(30 << 20).unwrap().ptr; // fits no free span: a new chunk
+    let after = resident(a + (10 << 20));
+    let again = p.alloc(20 << 20).unwrap();
+    let out = (before, after, again.ptr, again.zeroed);
+    for x in [again.ptr, b, c, d] {
+        p.free(x).unwrap();
+    }
+    out
+}
+
+#[test]
+fn free_pages_of_plain_host_memory_go_back_when_the_pool_grows() {
+    let (before, after, again, zeroed) = free_pages_when_growing(Kind::UMP_KIND_HOST);
+    assert!(before, "written and freed: resident until the pool grows");
+    assert!(
+        !after,
+        "a new chunk was mapped: the free block's pages went back first"
+    );
+    // The block comes back, zeroed by the kernel, and says so (calloc need not clear it).
+    assert!(
+        zeroed,
+        "the pages read zero and the block says so ({again:#x})"
+    );
+    // Control: memory a GPU reads (`system`) keeps its pages.
+    let (before, after, _, zeroed) = free_pages_when_growing(Kind::UMP_KIND_SYSTEM);
+    assert!(
+        before && after && !zeroed,
+        "system memory keeps its free pages"
+    );
+}
