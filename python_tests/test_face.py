@@ -62,12 +62,33 @@ def _type_checking_names():
 
 
 def test_lazy_names_are_declared_for_type_checkers():
-    from ump_alloc import _zerocopy
+    import importlib
 
     declared = _type_checking_names()
-    assert declared == {("_zerocopy", n) for n in ump_alloc._LAZY}, declared
-    for _, name in declared:
-        assert getattr(ump_alloc, name) is getattr(_zerocopy, name), name
+    assert declared == {(m, n) for n, m in ump_alloc._LAZY.items()}, declared
+    for module, name in declared:
+        assert getattr(ump_alloc, name) is getattr(importlib.import_module(f"ump_alloc.{module}"), name), name
+
+
+def test_import_loads_only_the_switch():
+    """``import ump_alloc`` (what UMP_ALLOC=1's hook does at NumPy's import) loads the switch and
+    the configuration, not the modules of the questions a program may ask later (issue 35:
+    start-up within a few ms of plain NumPy); each loads on first use."""
+    r = run_python(
+        textwrap.dedent(
+            """
+            import json, sys
+            import ump_alloc
+            first = sorted(m for m in sys.modules if m.startswith("ump_alloc."))
+            ump_alloc.identify
+            print(json.dumps({"first": first, "then": "ump_alloc._identity" in sys.modules}))
+            """
+        )
+    )
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["first"] == ["ump_alloc._config", "ump_alloc._enable", "ump_alloc._hooks", "ump_alloc._lib",
+                            "ump_alloc._library"], got
+    assert got["then"], got
 
 
 def _unannotated(fn):

@@ -14,20 +14,20 @@ Or, with no code change: ``UMP_ALLOC=1 python program.py``.
 
 from __future__ import annotations
 
-from ._access import device_access, host_access
 from ._config import config_errors, config_table, unknown_variables
 from ._enable import disable, enable, enabled, handles, is_enabled
-from ._identity import Identity, capabilities, identify
 from ._lib import UmpError, last_error, library_path
 from ._library import alignment, block_alignment, clear_error, error_count, get_include, get_libdir, mode, trim, version
-from ._stats import ScopeReport, reset_peak, scope, stats
-from ._summary import memory_summary, pool_stats
-from ._transfer import TransferPlan, decide_transfer
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
 if TYPE_CHECKING:
-    # Loaded on first use by __getattr__ below (they import NumPy); declared here for type
-    # checkers and IDEs. _LAZY names the same five.
+    # Loaded on first use by __getattr__ below; declared here for type checkers and IDEs.
+    # _LAZY names the same ones, with their modules.
+    from ._access import device_access, host_access
+    from ._identity import Identity, capabilities, identify
+    from ._stats import ScopeReport, reset_peak, scope, stats
+    from ._summary import memory_summary, pool_stats
+    from ._transfer import TransferPlan, decide_transfer
     from ._zerocopy import ZeroCopyBuffer, asarray, asnumpy, is_zero_copy, transfer_plan
 
     __version__: str
@@ -74,7 +74,18 @@ __all__ = [
 ]
 
 
-_LAZY = {"ZeroCopyBuffer", "asarray", "asnumpy", "is_zero_copy", "transfer_plan"}
+# What ``import ump_alloc`` loads on first use: the switch (enable and the configuration) is
+# all that UMP_ALLOC=1's hook needs at NumPy's import, so that start-up stays short (these
+# modules took about 10 ms there, measured on the CPU box); the zero-copy functions import
+# NumPy, which ``import ump_alloc`` alone must not.
+_LAZY = {
+    **dict.fromkeys(("device_access", "host_access"), "_access"),
+    **dict.fromkeys(("Identity", "capabilities", "identify"), "_identity"),
+    **dict.fromkeys(("ScopeReport", "reset_peak", "scope", "stats"), "_stats"),
+    **dict.fromkeys(("memory_summary", "pool_stats"), "_summary"),
+    **dict.fromkeys(("TransferPlan", "decide_transfer"), "_transfer"),
+    **dict.fromkeys(("ZeroCopyBuffer", "asarray", "asnumpy", "is_zero_copy", "transfer_plan"), "_zerocopy"),
+}
 
 if not TYPE_CHECKING:  # hidden from type checkers, so that a misspelt name is an error there
 
@@ -91,17 +102,17 @@ if not TYPE_CHECKING:  # hidden from type checkers, so that a misspelt name is a
                     return _dist_version("ump-alloc")
                 except PackageNotFoundError:
                     return "unknown"
-        # The zero-copy functions import NumPy: loaded on first use, so that ``import ump_alloc``
-        # (and UMP_ALLOC=1's hook, which imports it at NumPy's import) imports no NumPy itself.
         if name in _LAZY:
-            from . import _zerocopy
+            import importlib
 
-            return getattr(_zerocopy, name)
+            value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+            globals()[name] = value  # found directly from now on
+            return value
         raise AttributeError(f"module 'ump_alloc' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _LAZY)
+    return sorted(set(globals()) | set(_LAZY))
 
 
 del annotations, TYPE_CHECKING  # keep the namespace to the public API

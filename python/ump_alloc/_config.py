@@ -51,12 +51,12 @@ def config_errors() -> list[str]:
 def unknown_variables() -> list[tuple[str, str | None]]:
     """``UMP_ALLOC*`` variables in the environment that ump-alloc does not read, each with the
     closest known name (or None)."""
-    import difflib
-
     known = {row["name"] for row in _config_rows()}
     out = []
     for name in sorted(os.environ):
         if name.startswith("UMP_ALLOC") and name not in known:
+            import difflib  # only for a misspelt name: an import on every start-up otherwise
+
             near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
             out.append((name, near[0] if near else None))
     return out
