@@ -35,6 +35,18 @@ def test_bench_quick_json_alternates_rounds_of_both_allocators():
         assert row["better"] == _bench.verdict(name, row["default_runs"], row["ump_runs"]), row
     if not out["gpu"]:
         assert any("no CUDA GPU" in s for s in out["skipped"])
+    # The whole programs (issue 35): the program's time, the whole process's and its peak memory,
+    # the checksums equal under both allocators (the bench stops otherwise).
+    programs = [_bench.PROGRAM_ROWS["mixed"]] + ([_bench.PROGRAM_ROWS["pandas"]] if _bench._has("pandas") else [])
+    for program in programs:
+        for suffix in (" (ms)", ", whole process (ms)", ", peak memory of the process (MiB)"):
+            row = names[program + suffix]
+            assert len(row["ump_runs"]) == 3 and all(v > 0 for v in row["default_runs"] + row["ump_runs"]), row
+    if not _bench._has("pandas"):
+        assert any("pandas" in s for s in out["skipped"])
+    # The allocation loops are marked as such, and the table says what the mark means.
+    assert all(name.startswith("* ") for name in _bench.NUMPY_ROWS.values())
+    assert "* A loop that does little but allocate" in _bench.table(out)
     # Six runs, alternating, the order flipping each round.
     progress = [x for x in r.stderr.replace("\r", "\n").splitlines() if "round " in x]
     order = [("ump-alloc" in x) for x in progress if "numpy" in x]
@@ -55,6 +67,8 @@ def test_verdict_only_where_every_run_beats_every_other():
     assert _bench.verdict(gbs, [10, 11, 11, 12], [50, 51, 51, 52]) == "ump-alloc 4.64x faster"
     assert _bench.verdict(gbs, [50, 51, 51, 52], [10, 11, 11, 12]) == "default 4.64x faster"
     assert _bench._chance(4) == 35 and _bench._chance(5) == 126 and _bench._chance(7) == 1716
+    mib = "z, peak memory of the process (MiB)"  # lower is better, in memory
+    assert _bench.verdict(mib, [250, 251, 251, 252], [260, 261, 262, 262]) == "default 1.04x less memory"
 
 
 def test_table_shows_medians_spread_and_verdict(tmp_path):

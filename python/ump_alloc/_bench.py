@@ -11,7 +11,13 @@ The workloads do what programs do with their memory: every array is written and 
 
 - NumPy: the four workloads of ``benches/numpy_bench.py`` (the same code): many small arrays
   (arange, ufuncs, concatenate, sum), 2,000 arrays of 160 KB, 32 MiB arrays (zeros, ``+=``,
-  ``empty_like``, multiply, sum), and a growing ``np.append``.
+  ``empty_like``, multiply, sum), and a growing ``np.append``. These are loops that do little
+  but allocate (marked ``*``): they show the allocator's own cost, not what a program gains.
+- Whole programs: a NumPy program of big temporaries (a 1,000,000 x 7 table through ufunc
+  expressions, a cumulative sum, then rounds of concatenate, sort and mean) and, where pandas
+  is installed, a pandas program (groupby, merge, sort, pivot table). Each row gives the
+  program's time, the whole process's time (interpreter start-up included) and its peak
+  memory (``ru_maxrss``): read these for what a program gains, or loses.
 - CuPy (GPU): ``cupy.asarray`` and ``cupy.asnumpy`` of 256 MiB (copies: every byte moves); a
   GPU result read by NumPy (a kernel writes it, then ``ump_alloc.asnumpy`` and a read of every
   element: a view under ump-alloc, a copy without; ``benches/zero_copy_bench.py transfer``'s
@@ -78,10 +84,48 @@ WORKLOADS = [("small", small), ("medium", medium), ("large", large), ("resize", 
 
 #: Row names of the NumPy workloads.
 NUMPY_ROWS = {
-    "small": "NumPy small arrays, 20,000 x 4 arrays of 8 B-8 KiB (ms)",
-    "medium": "NumPy 2,000 arrays of 160 KB (ms)",
-    "large": "NumPy 32 MiB arrays, 6 x zeros/+=/empty_like/multiply (ms)",
-    "resize": "NumPy growing array, 3,000 x np.append (ms)",
+    "small": "* NumPy small arrays, 20,000 x 4 arrays of 8 B-8 KiB (ms)",
+    "medium": "* NumPy 2,000 arrays of 160 KB (ms)",
+    "large": "* NumPy 32 MiB arrays, 6 x zeros/+=/empty_like/multiply (ms)",
+    "resize": "* NumPy growing array, 3,000 x np.append (ms)",
+}
+
+#: Whole programs (``mixed`` always, ``pandas`` where installed): each returns a checksum.
+PROGRAMS = r'''
+def mixed():
+    # Big temporaries: a 1,000,000 x 7 float64 table (56 MB) through ufunc expressions and a
+    # cumulative sum, then rounds of concatenate, slicing, sort and mean.
+    rng = np.random.default_rng(0)
+    x = rng.random((1_000_000, 7))
+    y = np.exp(x) * np.cos(x) + np.abs(x - 0.5)
+    z = np.cumsum(y, axis=0)
+    parts = [z[i::5] for i in range(5)]
+    acc = 0.0
+    for it in range(30):
+        c = np.concatenate([parts[it % 5], parts[(it + 1) % 5]])
+        s = np.sort(c[:, it % 7])
+        acc += float(s[len(s) // 2]) + float(c.mean())
+        acc += float((c * 1.5 + 2.0)[::2].sum())
+    return acc
+
+def pandas_program():
+    # A table of 1,000,000 rows: a derived column, groupby, merge back, sort, pivot table.
+    import pandas as pd
+    rng = np.random.default_rng(1)
+    n = 1_000_000
+    df = pd.DataFrame({"k": rng.integers(0, 1000, n), "g": rng.integers(0, 20, n),
+                       "a": rng.random(n), "b": rng.random(n)})
+    df["c"] = df["a"] * df["b"] + np.log1p(df["a"])
+    agg = df.groupby("k").agg(am=("a", "mean"), bs=("b", "sum"), cm=("c", "max"))
+    m = df.merge(agg, left_on="k", right_index=True).sort_values(["g", "c"])
+    p = m.pivot_table(index="g", columns=m["k"] % 10, values="a", aggfunc="mean")
+    return float(p.to_numpy().sum()) + float(m["cm"].to_numpy()[::1000].sum())
+'''
+
+#: Row names of the whole programs, by worker.
+PROGRAM_ROWS = {
+    "mixed": "NumPy program of big temporaries",
+    "pandas": "pandas program: groupby, merge, sort, pivot",
 }
 
 _COMMON = r"""
@@ -96,7 +140,27 @@ q = int(sys.argv[1])  # 1: quick
 out = {}
 """
 
+_PROGRAM_WORKER = (
+    _COMMON
+    + PROGRAMS
+    + r"""
+import resource
+name, fn = sys.argv[3], {"mixed": mixed, "pandas": pandas_program}[sys.argv[3]]
+t = time.perf_counter()
+check = fn()
+row = json.loads(sys.argv[2])[name]
+out[row + " (ms)"] = (time.perf_counter() - t) * 1e3
+out[row + ", peak memory of the process (MiB)"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out["check " + name] = check
+import ump_alloc
+out["on ump-alloc"] = bool(ump_alloc.handles(np.ones(4)))
+print(json.dumps(out))
+"""
+)
+
 _WORKERS = {
+    "mixed": _PROGRAM_WORKER,
+    "pandas": _PROGRAM_WORKER,
     # One timed pass of each workload after a warm-up pass, as benches/numpy_bench.py does.
     "numpy": _COMMON
     + NUMPY_WORKLOADS
@@ -218,16 +282,21 @@ def _run(worker: str, ump: bool, quick: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "UMP_ALLOC"}  # the user's settings stay
     if ump:
         env["UMP_ALLOC"] = "1"
+    rows = PROGRAM_ROWS if worker in PROGRAM_ROWS else NUMPY_ROWS
+    start = time.perf_counter()
     r = subprocess.run(
-        [sys.executable, "-c", _WORKERS[worker], "1" if quick else "0", json.dumps(NUMPY_ROWS)],
+        [sys.executable, "-c", _WORKERS[worker], "1" if quick else "0", json.dumps(rows), worker],
         env=env,
         capture_output=True,
         text=True,
         timeout=900,
     )
+    whole = (time.perf_counter() - start) * 1e3
     if r.returncode != 0:
         raise RuntimeError(f"{worker} benchmark ({'UMP_ALLOC=1' if ump else 'default'}) failed:\n{r.stderr.strip()[-2000:]}")
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    if worker in PROGRAM_ROWS:
+        out[PROGRAM_ROWS[worker] + ", whole process (ms)"] = whole
     on = out.pop("on ump-alloc", ump)
     if on != ump:
         # A comparison of the default with itself would look like "same within noise".
@@ -288,8 +357,12 @@ def measure(quick: bool = False, rounds: int | None = None) -> dict:
     rounds = rounds or (5 if quick else 7)
     if rounds < 2:
         raise BenchError("--rounds must be at least 2: a verdict needs a spread")
-    plan: list[str] = ["numpy"]
+    plan: list[str] = ["numpy", "mixed"]
     skipped: list[str] = []
+    if _has("pandas"):
+        plan.append("pandas")
+    else:
+        skipped.append("pandas program: pandas is not installed")
     gpu = _gpu()
     for worker in ("cupy", "torch"):
         if not gpu:
@@ -343,7 +416,8 @@ MIN_VERDICT_ROUNDS = 4
 
 
 def verdict(name: str, default_runs: list, ump_runs: list) -> str:
-    """"ump-alloc 1.35x faster" / "default 1.35x faster" (by the medians) only when every run
+    """"ump-alloc 1.35x faster" / "default 1.35x faster" (by the medians; "less memory" for a
+    row in MiB) only when every run
     of one beat every run of the other, each side having at least ``MIN_VERDICT_ROUNDS`` runs;
     "same within noise" when the runs overlap; "too few rounds" below that; "-" when a side was
     not measured."""
@@ -356,10 +430,11 @@ def verdict(name: str, default_runs: list, ump_runs: list) -> str:
     ump_wins = u_lo > d_hi if higher else u_hi < d_lo
     default_wins = d_lo > u_hi if higher else d_hi < u_lo
     s = _speed(name, statistics.median(default_runs), statistics.median(ump_runs))
+    word = "less memory" if name.endswith("(MiB)") else "faster"
     if ump_wins:
-        return f"ump-alloc {s:.2f}x faster"
+        return f"ump-alloc {s:.2f}x {word}"
     if default_wins:
-        return f"default {1 / s:.2f}x faster"
+        return f"default {1 / s:.2f}x {word}"
     return "same within noise"
 
 
@@ -401,6 +476,9 @@ def table(result: dict) -> str:
                      "difference is within this machine's noise.")
     elif n:
         lines.append(f"No verdicts with {n} rounds: {MIN_VERDICT_ROUNDS} or more are needed.")
+    if any(r["name"].startswith("*") for r in rows):
+        lines.append("* A loop that does little but allocate: the allocator's own cost, not what a program "
+                     "gains. The program rows (time, whole process, peak memory) are what a program sees.")
     for s in result["skipped"]:
         lines.append(f"(not measured: {s})")
     if not result["gpu"]:
