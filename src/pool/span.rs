@@ -473,6 +473,9 @@ impl Pool {
             self.discard_free_pages(&lg);
         }
         let chunk = self.map_chunk(&mut lg, chunk_len, len)?;
+        if chunk.size > len {
+            self.backing.advise_arena(chunk.base, chunk.size);
+        }
         self.stats.misses.fetch_add(1, Ordering::Relaxed);
         let dirty = !self.backing.fresh_is_zero();
         let sp = self.chunk_span(&mut lg, &chunk, dirty);

@@ -167,6 +167,13 @@ pub fn advise_hugepage(ptr: *mut u8, size: usize) {
     advise(ptr, size, libc::MADV_HUGEPAGE);
 }
 
+/// Ask for small pages on a range (`MADV_NOHUGEPAGE`): where the kernel's THP setting is
+/// `always`, memory of small blocks would otherwise fault in 2 MiB at a time, which glibc's
+/// heap, where NumPy's small arrays live by default, does not. Whole pages only; advisory.
+pub fn advise_nohugepage(ptr: *mut u8, size: usize) {
+    advise(ptr, size, libc::MADV_NOHUGEPAGE);
+}
+
 /// Keep a range out of `fork()` children: the child gets no mapping there (a hole), and fork
 /// copies neither its pages nor its page tables. Only whole pages inside the range.
 pub fn advise_dontfork(ptr: *mut u8, size: usize) -> bool {
