@@ -183,3 +183,30 @@ def test_info_shows_the_shared_page_size_with_the_pinned_host_side(standin):
     assert f"shared pages: {shared_pages(SHMEM_THP)}" in host, out
     control = info(UMP_ALLOC="1", UMP_ALLOC_PINNED_FORK="copy").split("host side (NumPy):")[1]
     assert "fork(): copy" in control and "shared pages:" not in control, control
+
+
+HOST_EMPTY = textwrap.dedent(
+    """
+    import json, sys
+    if sys.argv[-1] == "without":
+        sys.modules["numpy_allocator"] = None  # not installed: the default route needs none
+    import numpy as np
+    import ump_alloc
+    from ump_alloc import _zerocopy
+    a = _zerocopy._host_empty((1000, 3), np.float64, "F")
+    print(json.dumps({"ours": ump_alloc.handles(a), "kind": ump_alloc.identify(a).kind,
+                      "fortran": a.flags.f_contiguous, "mode": ump_alloc.mode()}))
+    """
+)
+
+
+@pytest.mark.parametrize("numpy_allocator", ["without", "with"])
+def test_copies_to_the_host_land_on_the_host_side_without_numpy_allocator(standin, numpy_allocator):
+    """The array a copy from the GPU lands in (``asnumpy``'s copy path) is on ump-alloc's host
+    side, pinned here, on NumPy's default route whether or not numpy_allocator is installed (it
+    raised 'UMP_ALLOC_NUMPY_ROUTE=numpy_allocator, but ... not installed' without it)."""
+    if numpy_allocator == "with":
+        pytest.importorskip("numpy_allocator")
+    code = HOST_EMPTY.replace('sys.argv[-1] == "without"', repr(numpy_allocator == "without"))
+    out = json.loads(run_python(code, env=stand_in_env(standin, UMP_ALLOC="1")).stdout.splitlines()[-1])
+    assert out["mode"] != "host" and out["ours"] and out["fortran"], out
