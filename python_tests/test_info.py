@@ -259,3 +259,26 @@ def test_unknown_variable_warning_points_at_the_program(tmp_path):
     site, script = _warning_site(tmp_path, "import ump_alloc\nwith ump_alloc.enabled(cupy=False, torch=False):\n    pass\n",
                                  {"UMP_ALLOC_MODEE": "host"})
     assert site == f"{script}:2", site
+
+
+@pytest.mark.parametrize("setting, huge", [
+    ("always [madvise] never\n", True),
+    ("[always] madvise never\n", True),
+    ("always madvise [never]\n", False),
+    (None, False),
+])
+def test_info_explains_the_page_sizes_of_plain_host_memory(tmp_path, setting, huge):
+    """`private_pages` reads the kernel's THP setting and says what plain host memory gets: huge
+    pages for large blocks (as NumPy asks) and small pages for the arenas of small blocks (as
+    glibc's heap) where the kernel has huge pages at all; `info` prints it for the host side."""
+    from ump_alloc.__main__ import THP, private_pages
+
+    path = tmp_path / "enabled"
+    if setting is not None:
+        path.write_text(setting)
+    line = private_pages(str(path))
+    assert ("huge pages for blocks of 4 MiB or more" in line) == huge, line
+    assert line.startswith("4 KiB pages") == (not huge), line
+    out = run_python("import sys, ump_alloc.__main__ as m; sys.argv = ['ump_alloc', 'info']; sys.exit(m.main())",
+                     env={"UMP_ALLOC_HOST_SIDE": "host", "UMP_ALLOC_NO_CUDA": "1"}, check=False).stdout
+    assert f"pages: {private_pages(THP)}" in out, out

@@ -139,6 +139,30 @@ def shared_pages(path: str = SHMEM_THP) -> str:
     )
 
 
+#: The kernel's setting for transparent huge pages of private memory.
+THP = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def private_pages(path: str = THP) -> str:
+    """The page sizes plain host memory gets, from the kernel's THP setting (``path``): one
+    line for ``info``. Blocks of 4 MiB or more are advised huge pages, as NumPy's default
+    allocator advises them; arenas of small blocks are advised small pages, as glibc's heap
+    gets (under ``always`` 2 MiB faults made 2,000,000 small arrays 1.10x slower than NumPy's
+    default on the CPU box); free pages go back to the OS when the pool grows (issue 35,
+    docs/BENCHMARKS.md section 31)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return "4 KiB pages (this kernel has no transparent huge pages)"
+    chosen = text[text.find("[") + 1 : text.find("]")] if "[" in text and "]" in text else text.strip()
+    if chosen == "never":
+        return f"4 KiB pages ({path}: never)"
+    return (f"huge pages for blocks of 4 MiB or more, as NumPy's default allocator asks; 4 KiB pages for "
+            f"the arenas of small blocks, as glibc's heap; free pages go back to the OS when the pool "
+            f"grows ({path}: {chosen})")
+
+
 def _info_without_library(error: _lib.UmpError) -> int:
     """``info`` when the library cannot be loaded: the error with its fix, and the ``UMP_ALLOC*``
     variables set in the environment as typed. The table of every variable (defaults, meanings,
@@ -209,6 +233,8 @@ def info() -> int:
             print(f"    fork(): {caps['fork_rule']}")
         if caps["fork_shared"]:
             print(f"    shared pages: {shared_pages()}")
+        elif caps["host_side"] in ("host", "system"):
+            print(f"    pages: {private_pages()}")
         if caps["host_side"] == "pinned":
             print(f"    pinned: {_pin_rule()}")
         print(f"  device side (CuPy, PyTorch):  {caps['device_side']}")
