@@ -115,6 +115,17 @@ def _shown(row: dict) -> str:
 SHMEM_THP = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 
 
+def _kernel_choice(path: str) -> str | None:
+    """The bracketed choice of a kernel setting file such as ``always [madvise] never`` (the
+    whole text where there are no brackets); None where the file cannot be read."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.find("[") + 1 : text.find("]")] if "[" in text and "]" in text else text.strip()
+
+
 def shared_pages(path: str = SHMEM_THP) -> str:
     """What size the pinned host side's shared pages get, from the kernel's setting for huge
     pages of shared memory (``path``), and what it costs fork children: one line for ``info``.
@@ -124,12 +135,9 @@ def shared_pages(path: str = SHMEM_THP) -> str:
     ``force``. With 4 KiB pages a fork child's first read of the parent's arrays faults the
     pages in (NumPy's own memory is inherited mapped): measured on the lent H100 with
     ``benches/fork_bench.py --parts fork --gib 2``, docs/BENCHMARKS.md section 22."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError:
+    chosen = _kernel_choice(path)
+    if chosen is None:
         return "4 KiB pages (this kernel has no huge pages for shared memory)"
-    chosen = text[text.find("[") + 1 : text.find("]")] if "[" in text and "]" in text else text.strip()
     if chosen in ("always", "within_size", "advise", "force"):
         return f"2 MiB huge pages for chunks of 4 MiB or more ({path}: {chosen})"
     return (
@@ -150,12 +158,9 @@ def private_pages(path: str = THP) -> str:
     gets (under ``always`` 2 MiB faults made 2,000,000 small arrays 1.10x slower than NumPy's
     default on the CPU box); free pages go back to the OS when the pool grows (issue 35,
     docs/BENCHMARKS.md section 31)."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError:
+    chosen = _kernel_choice(path)
+    if chosen is None:
         return "4 KiB pages (this kernel has no transparent huge pages)"
-    chosen = text[text.find("[") + 1 : text.find("]")] if "[" in text and "]" in text else text.strip()
     if chosen == "never":
         return f"4 KiB pages ({path}: never)"
     return (f"huge pages for blocks of 4 MiB or more, as NumPy's default allocator asks; 4 KiB pages for "
