@@ -701,3 +701,24 @@ fn free_pages_of_plain_host_memory_go_back_when_the_pool_grows() {
         "system memory keeps its free pages"
     );
 }
+
+#[test]
+fn a_written_free_span_is_preferred_to_a_tighter_untouched_one() {
+    let p = pool_with(512, None, usize::MAX);
+    let big = p.alloc(40 << 20).unwrap().ptr; // a chunk of its own, written
+    // SAFETY: a live block of 40 MiB.
+    unsafe { std::ptr::write_bytes(big as *mut u8, 1, 40 << 20) };
+    let a = p.alloc(20 << 20).unwrap().ptr; // an arena: 24 MiB of it left, never touched
+    let b = p.alloc(20 << 20).unwrap().ptr;
+    p.free(big).unwrap(); // 40 MiB free, resident
+    let c = p.alloc(22 << 20).unwrap();
+    assert!(
+        (big..big + (40 << 20)).contains(&c.ptr),
+        "the resident 40 MiB, not the untouched 24 MiB tail of the arena ({:#x})",
+        c.ptr
+    );
+    assert!(!c.zeroed, "written memory is not zero");
+    for x in [a, b, c.ptr] {
+        p.free(x).unwrap();
+    }
+}
