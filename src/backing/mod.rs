@@ -292,8 +292,11 @@ impl Backing for HostBacking {
     fn advise_arena(&self, ptr: usize, size: usize) {
         // As glibc's heap: under THP `always`, slabs of small blocks fault 4 KiB at a time
         // (2 MiB faults made a loop of 2,000,000 small arrays 1.10x slower than NumPy's default
-        // on the CPU box, zeroing pages no block used yet). Under `madvise`, a no-op.
-        os::advise_nohugepage(ptr as *mut u8, size);
+        // on the CPU box, zeroing pages no block used yet). Under `madvise`, a no-op. Not for
+        // `system` memory, which GPUs read through HMM/ATS: unmeasured there, left as it was.
+        if self.kind == Kind::UMP_KIND_HOST {
+            os::advise_nohugepage(ptr as *mut u8, size);
+        }
     }
     unsafe fn discard_free(&self, addr: usize, len: usize) -> bool {
         // Private anonymous memory only the host reads: a fork child keeps its own copy.
