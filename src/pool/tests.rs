@@ -722,3 +722,68 @@ fn a_written_free_span_is_preferred_to_a_tighter_untouched_one() {
         p.free(x).unwrap();
     }
 }
+
+/// The `VmFlags` of the mapping holding `addr` (/proc/self/smaps), e.g. "rd wr mr mw me ac nh".
+fn vm_flags(addr: usize) -> String {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ')
+            && let Some((a, b)) = range.split_once('-')
+            && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+        {
+            inside = (a..b).contains(&addr);
+        } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+            return flags.trim().to_string();
+        }
+    }
+    String::new()
+}
+
+#[test]
+fn arenas_of_small_blocks_ask_for_small_pages_until_a_large_block_lands() {
+    if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+        return; // a kernel without THP takes neither advice
+    }
+    let p = pool_with(512, None, usize::MAX);
+    let small = p.alloc(300 << 10).unwrap().ptr; // past the slab sizes: a span of an arena
+    let flags = vm_flags(small)
+        .split(' ')
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    assert!(
+        flags.contains(&"nh".to_string()),
+        "MADV_NOHUGEPAGE on the arena: {flags:?}"
+    );
+    let before = mapped(p);
+    let large = p.alloc(8 << 20).unwrap().ptr; // 4 MiB or more: the chunk asks for huge pages
+    assert_eq!(
+        mapped(p),
+        before,
+        "the same arena, no new chunk (the test's premise)"
+    );
+    let flags = vm_flags(small)
+        .split(' ')
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    assert!(
+        flags.contains(&"hg".to_string()) && !flags.contains(&"nh".to_string()),
+        "MADV_HUGEPAGE once a large block is in it: {flags:?}"
+    );
+    // Control: system memory (read by GPUs through HMM) gets no such advice.
+    let s = Pool::new(
+        Box::new(HostBacking::new(Kind::UMP_KIND_SYSTEM)),
+        512,
+        None,
+        usize::MAX,
+    );
+    let x = s.alloc(300 << 10).unwrap().ptr;
+    assert!(
+        !vm_flags(x).split(' ').any(|f| f == "nh"),
+        "{}",
+        vm_flags(x)
+    );
+    for (pool, ptr) in [(p, small), (p, large), (s, x)] {
+        pool.free(ptr).unwrap();
+    }
+}
