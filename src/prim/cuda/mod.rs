@@ -297,6 +297,55 @@ pub fn device_nodes_present() -> bool {
     std::path::Path::new("/dev/nvidiactl").exists()
 }
 
+type CountFn = unsafe extern "C" fn(*mut c_int) -> CuResult;
+type GetFn = unsafe extern "C" fn(*mut CUdevice, c_int) -> CuResult;
+type StateFn = unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> CuResult;
+
+/// The three calls asked of a driver another library loaded, kept once found (the library
+/// stays loaded: `lib` holds a reference), so that each question costs no look into the
+/// dynamic loader's tables.
+struct Foreign {
+    _lib: Library,
+    /// The fork depth it was found at (`prim::fork::depth`): a fork child does not ask it.
+    depth: u32,
+    count: CountFn,
+    get: GetFn,
+    state: StateFn,
+}
+
+static FOREIGN: OnceLock<Foreign> = OnceLock::new();
+
+/// The driver another library loaded in this process, found without loading it; None where
+/// none is loaded yet (asked again next time), or in a fork child of the process that found
+/// it (CUDA is unusable there).
+fn foreign_driver() -> Option<&'static Foreign> {
+    if let Some(f) = FOREIGN.get() {
+        return (f.depth == crate::prim::fork::depth()).then_some(f);
+    }
+    let lib = LIB_NAMES.iter().find_map(|name| {
+        // SAFETY: RTLD_NOLOAD only looks the library up: nothing is loaded or initialised.
+        unsafe { Library::open(Some(*name), libc::RTLD_NOLOAD | libc::RTLD_LAZY) }.ok()
+    })?;
+    // SAFETY: the driver's documented C names, typed as in cuda.h; the pointers are used only
+    // while `lib`, kept with them, holds its reference.
+    let (count, get, state) = unsafe {
+        (
+            *lib.get::<CountFn>(b"cuDeviceGetCount\0").ok()?,
+            *lib.get::<GetFn>(b"cuDeviceGet\0").ok()?,
+            *lib.get::<StateFn>(b"cuDevicePrimaryCtxGetState\0").ok()?,
+        )
+    };
+    let depth = crate::prim::fork::depth();
+    // A racing thread's find is as good: the one not kept drops its reference.
+    Some(FOREIGN.get_or_init(|| Foreign {
+        _lib: lib,
+        depth,
+        count,
+        get,
+        state,
+    }))
+}
+
 /// The first device whose primary context another library (PyTorch, CuPy, Numba) made, asked
 /// of the driver that library loaded without initialising it: `cuInit` is the one call that
 /// must not happen here, since a fork child of a process that called it cannot use CUDA
@@ -305,25 +354,10 @@ pub fn device_nodes_present() -> bool {
 /// `CUDA_ERROR_NOT_INITIALIZED`, and no context can exist. None: the driver is not loaded, not
 /// initialised, or no primary context is active.
 fn foreign_context_device() -> Option<i32> {
-    type Count = unsafe extern "C" fn(*mut c_int) -> CuResult;
-    type Get = unsafe extern "C" fn(*mut CUdevice, c_int) -> CuResult;
-    type State = unsafe extern "C" fn(CUdevice, *mut c_uint, *mut c_int) -> CuResult;
-    let lib = LIB_NAMES.iter().find_map(|name| {
-        // SAFETY: RTLD_NOLOAD only looks the library up: nothing is loaded or initialised.
-        unsafe { Library::open(Some(*name), libc::RTLD_NOLOAD | libc::RTLD_LAZY) }.ok()
-    })?;
-    // SAFETY: the driver's documented C names, typed as in cuda.h; the pointers are used only
-    // while `lib` holds its reference.
-    let (count, get, state) = unsafe {
-        (
-            *lib.get::<Count>(b"cuDeviceGetCount\0").ok()?,
-            *lib.get::<Get>(b"cuDeviceGet\0").ok()?,
-            *lib.get::<State>(b"cuDevicePrimaryCtxGetState\0").ok()?,
-        )
-    };
+    let f = foreign_driver()?;
     let mut n: c_int = 0;
     // SAFETY: a valid out-pointer; an uninitialised driver only returns an error code.
-    if unsafe { count(&mut n) } != CUDA_SUCCESS {
+    if unsafe { (f.count)(&mut n) } != CUDA_SUCCESS {
         return None;
     }
     (0..n).find(|&i| {
@@ -331,8 +365,8 @@ fn foreign_context_device() -> Option<i32> {
         let (mut flags, mut active): (c_uint, c_int) = (0, 0);
         // SAFETY: valid out-pointers; a bad ordinal only returns an error code.
         unsafe {
-            get(&mut dev, i) == CUDA_SUCCESS
-                && state(dev, &mut flags, &mut active) == CUDA_SUCCESS
+            (f.get)(&mut dev, i) == CUDA_SUCCESS
+                && (f.state)(dev, &mut flags, &mut active) == CUDA_SUCCESS
                 && active != 0
         }
     })
