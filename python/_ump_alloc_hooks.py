@@ -120,7 +120,9 @@ def _register_membarrier() -> None:
         return
     import os
 
-    nr = _SYS_MEMBARRIER.get(os.uname().machine)
+    # The kernel's machine names the 64-bit tables: a 32-bit interpreter on it (another
+    # table, where 324 is fallocate) asks nothing.
+    nr = _SYS_MEMBARRIER.get(os.uname().machine) if sys.maxsize > 2**32 else None
     if nr is None:
         membarrier_registered = False
         return
