@@ -238,7 +238,7 @@ def info() -> int:
             print(f"    fork(): {caps['fork_rule']}")
         if caps["fork_shared"]:
             print(f"    shared pages: {shared_pages()}")
-        elif caps["host_side"] in ("host", "system"):
+        elif caps["host_side"] == "host":
             print(f"    pages: {private_pages()}")
         if caps["host_side"] == "pinned":
             print(f"    pinned: {_pin_rule()}")
