@@ -171,3 +171,41 @@ def test_membarrier_is_registered_before_numpy_starts_its_threads():
     assert got == {"registered": True, "threads": 1, "usable": True}, got
     control = json.loads(run_python(MEMBARRIER_STATE).stdout.splitlines()[-1])
     assert control["registered"] is None and control["usable"] is False, control
+
+
+LOAD_ALONE = textwrap.dedent(
+    """
+    import ctypes, json, os, sys, threading
+    nr = {"x86_64": 324, "aarch64": 283}[os.uname().machine]
+    libc = ctypes.CDLL(None)
+    ev = threading.Event()
+    if sys.argv[-1] == "thread":  # the control: a second thread when the library loads
+        t = threading.Thread(target=ev.wait); t.start()
+    before = libc.syscall(nr, 1 << 3, 0, 0)  # MEMBARRIER_CMD_PRIVATE_EXPEDITED: -1 unregistered
+    ctypes.CDLL(os.environ["UMP_ALLOC_LIBRARY"])
+    after = libc.syscall(nr, 1 << 3, 0, 0)
+    ev.set()
+    q = libc.syscall(nr, 0, 0, 0)  # MEMBARRIER_CMD_QUERY
+    print(json.dumps({"before": before, "after": after, "supported": q >= 0 and bool(q & (1 << 3))}))
+    """
+)
+
+
+@pytest.mark.parametrize("threads", ["alone", "thread"])
+def test_the_library_registers_membarrier_at_load_while_the_process_has_one_thread(threads):
+    """A process of one thread that loads the library (a C program linking it, or one that
+    loads it first thing) is registered for membarrier at load, when that is cheap; with a
+    second thread running (the control) the library waits for its first thread cache, as before
+    (the kernel's registration then waits for an RCU grace period)."""
+    import platform
+
+    from ump_alloc import library_path
+
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("membarrier(2) numbers known here for x86_64 and aarch64 Linux")
+    code = LOAD_ALONE.replace('sys.argv[-1] == "thread"', repr(threads == "thread"))
+    got = json.loads(run_python(code, env={"UMP_ALLOC_LIBRARY": library_path()}).stdout.splitlines()[-1])
+    if not got.pop("supported"):
+        pytest.skip(f"this kernel has no MEMBARRIER_CMD_PRIVATE_EXPEDITED: {got}")
+    assert got["before"] == -1, got
+    assert got["after"] == (0 if threads == "alone" else -1), got

@@ -39,9 +39,11 @@ pub use error::{Error, Result, Status};
 pub use mode::Mode;
 
 /// Runs when the library is loaded (before any allocation and before any other thread can
-/// use it): the fork handlers are registered here.
+/// use it): the fork handlers are registered here, and membarrier where it is cheap (a
+/// process of one thread).
 extern "C" fn on_load() {
     fork::install();
+    pool::register_membarrier_if_alone();
 }
 
 #[used]

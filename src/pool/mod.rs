@@ -66,7 +66,7 @@ pub fn alloc_cached(n: usize) -> Option<usize> {
 }
 pub(crate) use tcache::{
     fork_child as tcache_fork_child, fork_parent as tcache_fork_parent,
-    fork_prepare as tcache_fork_prepare,
+    fork_prepare as tcache_fork_prepare, register_membarrier_if_alone,
 };
 
 /// Largest request served from slabs; larger ones get spans of their own.

@@ -443,6 +443,17 @@ pub(super) fn ensure(pool: &'static Pool) -> bool {
     true
 }
 
+/// At the library's load: register for membarrier now if the process has a single thread,
+/// where registering is cheap. With several threads the kernel waits for an RCU grace period
+/// (`synchronize_rcu`): 5-24 ms at the first allocation on the 2-core CPU box. A C program
+/// that links the library, or a process that loads it first thing, pays nothing then; the
+/// Python hook registers before NumPy's import for the same reason.
+pub(crate) fn register_membarrier_if_alone() {
+    if crate::prim::os::thread_count() == Some(1) {
+        probe_membarrier();
+    }
+}
+
 fn probe_membarrier() {
     if !ASYM_PROBED.swap(true, Ordering::AcqRel) {
         ASYM.store(os::membarrier_register(), Ordering::Release);

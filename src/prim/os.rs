@@ -248,6 +248,16 @@ pub fn is_mapped(addr: usize) -> bool {
     unsafe { libc::mincore(start as *mut libc::c_void, page, &mut vec) == 0 }
 }
 
+/// The number of threads of this process (`num_threads` of `/proc/self/stat`); None where it
+/// cannot be read.
+pub fn thread_count() -> Option<usize> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which is in parentheses and may hold anything.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // State is field 3; num_threads is field 20: the 18th after the name.
+    rest.split_whitespace().nth(17)?.parse().ok()
+}
+
 const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
 const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
@@ -340,6 +350,23 @@ pub fn set_errno(value: i32) {
 mod tests {
     use super::*;
     use crate::prim::file;
+
+    #[test]
+    fn thread_count_follows_the_threads_of_the_process() {
+        let n = thread_count().expect("/proc/self/stat");
+        let tasks = || std::fs::read_dir("/proc/self/task").unwrap().count();
+        assert!(n >= 1);
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || rx.recv().ok());
+        // Other tests' threads come and go: one more than before, as /proc/self/task says.
+        let (with, listed) = (thread_count().unwrap(), tasks());
+        assert!(
+            with >= 2 && with.abs_diff(listed) <= 2,
+            "{with} against {listed}"
+        );
+        drop(tx);
+        t.join().unwrap();
+    }
 
     #[test]
     fn aligned_mapping_is_aligned_zeroed_and_writable() {
