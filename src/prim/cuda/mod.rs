@@ -355,21 +355,8 @@ fn foreign_driver() -> Option<&'static Foreign> {
 /// initialised, or no primary context is active.
 fn foreign_context_device() -> Option<i32> {
     let f = foreign_driver()?;
-    let mut n: c_int = 0;
-    // SAFETY: a valid out-pointer; an uninitialised driver only returns an error code.
-    if unsafe { (f.count)(&mut n) } != CUDA_SUCCESS {
-        return None;
-    }
-    (0..n).find(|&i| {
-        let mut dev: CUdevice = 0;
-        let (mut flags, mut active): (c_uint, c_int) = (0, 0);
-        // SAFETY: valid out-pointers; a bad ordinal only returns an error code.
-        unsafe {
-            (f.get)(&mut dev, i) == CUDA_SUCCESS
-                && (f.state)(dev, &mut flags, &mut active) == CUDA_SUCCESS
-                && active != 0
-        }
-    })
+    // Not initialised (no count): no context can exist.
+    (0..count_devices(f.count)?).find(|&i| primary_state(f.get, f.state, i) == Some(true))
 }
 
 /// The first device whose primary context is active (made by anyone in this process: CuPy,
@@ -414,23 +401,35 @@ pub fn context_active(device: i32) -> bool {
 /// Whether device `ordinal`'s primary context is active, read without making one; None where
 /// the driver cannot tell (no `cuDevicePrimaryCtxGetState`, a bad ordinal).
 fn primary_active(d: &Driver, ordinal: i32) -> Option<bool> {
-    let state = d.cuDevicePrimaryCtxGetState?;
+    primary_state(d.cuDeviceGet, d.cuDevicePrimaryCtxGetState?, ordinal)
+}
+
+/// Whether device `ordinal`'s primary context is active, through a driver's `cuDeviceGet` and
+/// `cuDevicePrimaryCtxGetState` (ump-alloc's, or one another library loaded); None where the
+/// driver does not answer.
+fn primary_state(get: GetFn, state: StateFn, ordinal: i32) -> Option<bool> {
     let mut dev: CUdevice = 0;
     let (mut flags, mut active): (c_uint, c_int) = (0, 0);
-    // SAFETY: valid out-pointers; a bad ordinal only returns an error code.
+    // SAFETY: valid out-pointers; a bad ordinal or an uninitialised driver only returns an
+    // error code.
     let read = unsafe {
-        (d.cuDeviceGet)(&mut dev, ordinal) == CUDA_SUCCESS
+        get(&mut dev, ordinal) == CUDA_SUCCESS
             && state(dev, &mut flags, &mut active) == CUDA_SUCCESS
     };
     read.then_some(active != 0)
 }
 
-/// The driver's device count (0 where it cannot tell).
-fn device_count(d: &Driver) -> c_int {
+/// The device count a driver's `cuDeviceGetCount` answers; None where it does not (an
+/// uninitialised driver).
+fn count_devices(count: CountFn) -> Option<c_int> {
     let mut n = 0;
     // SAFETY: valid out-pointer.
-    unsafe { (d.cuDeviceGetCount)(&mut n) };
-    n.max(0)
+    (unsafe { count(&mut n) } == CUDA_SUCCESS).then_some(n.max(0))
+}
+
+/// The driver's device count (0 where it cannot tell).
+fn device_count(d: &Driver) -> c_int {
+    count_devices(d.cuDeviceGetCount).unwrap_or(0)
 }
 
 /// Run `f` with device `device`'s primary context current, restoring the caller's afterwards.
