@@ -1,8 +1,16 @@
 # Sourced (not run) by the test scripts tests/c/run.sh and tests/fork/run.sh, from the
-# repository's root: a heading per step, stages that record a failure and let the next stages
-# run, and the summary that ends the script.
+# repository's root: a heading per step, the release library built for linking, stages that
+# record a failure and let the next stages run, and the summary that ends the script.
 
 step() { printf '\n=== %s\n' "$*"; }
+
+# build_library: build the release library (cargo), and set LDFLAGS to link a test program
+# against it (found at run time through its rpath: no LD_LIBRARY_PATH needed).
+build_library() {
+    step "cargo build --release"
+    cargo build --release
+    LDFLAGS=(-L target/release -lump_alloc "-Wl,-rpath,$PWD/target/release")
+}
 
 failures=()
 

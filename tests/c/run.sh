@@ -21,14 +21,10 @@ cd "$root"
 source tests/lib.sh
 
 build="tests/c/build"
-libdir="$root/target/release"
 mkdir -p "$build"
-
-step "cargo build --release"
-cargo build --release
+build_library
 
 CFLAGS=(-std=c11 -Wall -Wextra -Werror -pthread -I include)
-LDFLAGS=(-L target/release -lump_alloc "-Wl,-rpath,$libdir")
 
 # --- the header on its own, in C and in C++ ---------------------------------------------------
 cat >"$build/header_only.c" <<'EOF_C'

@@ -23,14 +23,10 @@ cd "$root"
 source tests/lib.sh
 
 build="target/fork-tests"
-libdir="$root/target/release"
 mkdir -p "$build"
-
-step "cargo build --release"
-cargo build --release
+build_library
 
 CFLAGS=(-O1 -g -Wall -Wextra -Werror -pthread -I include)
-LDFLAGS=(-L target/release -lump_alloc "-Wl,-rpath,$libdir")
 
 step "compile the stand-in libcuda.so.1, torture.c and race.c"
 cc "${CFLAGS[@]}" -shared -fPIC tests/fork/standin_cuda.c -o "$build/libcuda.so.1"
