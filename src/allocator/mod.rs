@@ -64,11 +64,16 @@ pub struct Gpu {
 
 impl Gpu {
     fn new(caps: MachineCaps, selection: Selection) -> Gpu {
+        /// One empty slot per device.
+        fn per_device<T>(n: usize) -> Vec<OnceLock<T>> {
+            (0..n).map(|_| OnceLock::new()).collect()
+        }
+        let n = caps.devices.len();
         Gpu {
             hmm: caps.pageable_everywhere(),
-            devices: (0..caps.devices.len()).map(|_| OnceLock::new()).collect(),
-            segments: (0..caps.devices.len()).map(|_| OnceLock::new()).collect(),
-            device_stats: (0..caps.devices.len()).map(|_| OnceLock::new()).collect(),
+            devices: per_device(n),
+            segments: per_device(n),
+            device_stats: per_device(n),
             mode: selection.mode,
             mode_reason: selection.reason(),
             selection,
