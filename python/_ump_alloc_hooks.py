@@ -115,7 +115,7 @@ def _register_membarrier() -> None:
     grace period (``synchronize_rcu``), 5-24 ms at the first allocation on the 2-core CPU box.
     Registered here, the library's own registration returns at once. Advisory: any failure
     leaves the library to register (or to fall back to fences) as before."""
-    global membarrier_registered
+    global membarrier_registered, membarrier_threads
     if membarrier_registered is not None or not sys.platform.startswith("linux"):
         return
     import os
@@ -133,7 +133,6 @@ def _register_membarrier() -> None:
     except (OSError, AttributeError):
         rc = -1
     membarrier_registered = rc == 0
-    global membarrier_threads
     try:
         membarrier_threads = len(os.listdir("/proc/self/task"))
     except OSError:
