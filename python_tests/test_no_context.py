@@ -67,13 +67,18 @@ NUMPY_ONLY = PRELUDE + textwrap.dedent(
     before = {"kind": ump_alloc.identify(small).kind, "big_kind": ump_alloc.identify(big).kind,
               "repr": repr(ump_alloc.identify(small))}
     child = child_reads([small, big], sums)
-    # The questions a NumPy program may ask: none of them makes a context either.
-    caps = ump_alloc.capabilities()
+    # The questions a NumPy program may ask: none of them starts the driver.
     st = ump_alloc.stats()
     summary = ump_alloc.memory_summary()
     ump_alloc.trim()
+    mode = ump_alloc.mode()
     c = (np.ones(1 << 26) * 2).sum()
-    print(json.dumps({**before, "counts": counts(), "child_ok": child, "host_pinned": caps["host_pinned"],
+    inits_before_caps = counts()["inits"]
+    # capabilities() asks the driver about the machine, which starts it (documented); it makes
+    # no context either.
+    caps = ump_alloc.capabilities()
+    print(json.dumps({**before, "counts": counts(), "inits_before_caps": inits_before_caps,
+                      "child_ok": child, "host_pinned": caps["host_pinned"], "caps_devices": caps["device_count"], "mode": mode,
                       "summary_says": "not pinned yet" in summary, "device_accessible": ump_alloc.identify(small).device_accessible,
                       "registered": [registered(small), registered(big)]}))
     """
@@ -121,8 +126,13 @@ def test_a_numpy_only_process_makes_no_context(standin, pin):
     inits = counts.pop("inits")
     assert counts == {"retains": 0, "registrations": 0, "ctx_creates": 0, "unregistrations": 0}, out
     # Without GPU device nodes (a CPU machine: the stand-in is the only driver) ump-alloc loads
-    # the driver at start to learn the machine; with them, never before the first use of a GPU.
-    assert inits == (0 if os.path.exists("/dev/nvidiactl") else 1), out
+    # the driver at start to learn the machine; with them, never before the first use of a GPU,
+    # nor for identify(), stats(), memory_summary(), trim() or mode(). capabilities() asks the driver
+    # (it reports the devices), and starts it once: a fork child made after it could not use
+    # CUDA, as after torch.cuda.is_available().
+    assert out["inits_before_caps"] == (0 if os.path.exists("/dev/nvidiactl") else 1), out
+    assert inits == 1 and out["caps_devices"] == 1, out
+    assert out["mode"] == "pinned", out
     assert out["child_ok"], "a fork child of a not-yet-pinned parent reads its arrays"
     assert not out["host_pinned"] and not out["device_accessible"] and out["registered"] == [False, False], out
     assert "not pinned yet" in out["repr"] and out["summary_says"], out

@@ -36,8 +36,7 @@ def _gpu_mode() -> bool:
     """Whether the mode gives GPU libraries memory, asked without loading the CUDA driver where
     the sides chosen at start tell (CuPy's or PyTorch's import in a process that only uses
     NumPy, a spawn worker, must not pay the driver's start: about 0.5 s on the lent H100)."""
-    known = _lib.MODE_NAMES.get(_lib.lib().ump_mode_known(), "unset")
-    return (known if known != "unset" else mode()) not in ("host", "unset")
+    return mode() not in ("host", "unset")
 
 
 def _install_cupy(required: bool, zero_copy: bool | None = None) -> None:

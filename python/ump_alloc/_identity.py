@@ -95,7 +95,11 @@ def capabilities() -> dict:
     into them (``UMP_ALLOC_PINNED_FORK``); ``fork_rule``: what a fork child gets of NumPy's
     memory and what it sees; ``host_pinned``: NumPy's memory is pinned as it is made now (with
     ``UMP_ALLOC_PIN=lazy``, only once this process used a GPU: before, it makes no CUDA
-    context)."""
+    context).
+
+    It asks the CUDA driver about the devices, which starts the driver in this process (as
+    ``torch.cuda.is_available()`` does): a ``fork()`` child made after it cannot use CUDA.
+    :func:`identify`, :func:`stats`, :func:`memory_summary` and :func:`trim` do not start it."""
     c = _lib.Capabilities()
     c.size = ctypes.sizeof(_lib.Capabilities)
     _lib.check(_lib.lib().ump_capabilities(ctypes.byref(c)), "ump_capabilities")

@@ -34,8 +34,14 @@ def get_libdir() -> str:
 def mode() -> str:
     """The mode in force: a preset ('pinned', 'host', 'system', 'managed', 'registered',
     'device') or 'custom' (sides chosen one by one), or 'unset' before the first allocation.
-    :func:`capabilities` says what memory each side has and why."""
-    return _lib.MODE_NAMES.get(_lib.lib().ump_current_mode(), "unset")
+    :func:`capabilities` says what memory each side has and why.
+
+    Asked without starting the CUDA driver where the sides chosen at start tell (a pinned host
+    side that waits for the first use of a GPU is 'pinned'): a process that only uses NumPy
+    must not start it (about 0.5 s, and a fork child of a process that started it cannot use
+    CUDA). Where only the machine can tell, it is asked."""
+    known = _lib.MODE_NAMES.get(_lib.lib().ump_mode_known(), "unset")
+    return known if known != "unset" else _lib.MODE_NAMES.get(_lib.lib().ump_current_mode(), "unset")
 
 
 def alignment() -> int:

@@ -665,8 +665,16 @@ impl Allocator {
     /// Whether device code can reach memory of `kind` on this machine.
     #[inline]
     pub fn device_accessible(&self, kind: Kind) -> bool {
-        let hmm = match kind {
-            Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST => {
+        let hmm = match (kind, self.gpu.get()) {
+            (
+                Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST,
+                Some(g),
+            ) => g.hmm,
+            // The plain fallback of a pinned host side that waits for the first use of a GPU:
+            // host memory only, for now, as its pinned chunks are (asking the machine would
+            // start the driver, after which no fork child could use CUDA).
+            (Kind::UMP_KIND_HOST, None) if self.provisional => false,
+            (Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST, None) => {
                 self.gpu().hmm
             }
             _ => false,
