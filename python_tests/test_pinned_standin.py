@@ -166,6 +166,25 @@ def test_info_reads_the_size_of_shared_pages_from_the_kernel(tmp_path, setting, 
     assert ("fork child" in line and "advise" in line) == (size == "4 KiB" and setting is not None), line
 
 
+@pytest.mark.parametrize("total, says", [(0, False), (512, True), (None, False)])
+def test_info_says_why_reserved_hugetlb_pages_are_not_used(tmp_path, total, says):
+    """`hugetlb_pages` reads HugePages_Total from meminfo: reserved pages get a line saying why
+    the shared pages do not use them (what a fork child would need); none reserved, or no
+    such line (a kernel without hugetlb), gets none."""
+    from ump_alloc.__main__ import hugetlb_pages
+
+    path = tmp_path / "meminfo"
+    lines = ["MemTotal:       24000000 kB", "HugePages_Free:        0"]
+    if total is not None:
+        lines.insert(1, f"HugePages_Total:    {total}")
+    path.write_text("\n".join(lines) + "\n")
+    line = hugetlb_pages(str(path))
+    assert (line is not None) == says, line
+    if says:
+        assert line.startswith(f"{total} reserved hugetlb pages, not used") and "fork child" in line, line
+    assert hugetlb_pages(str(tmp_path / "missing")) is None
+
+
 def test_info_shows_the_shared_page_size_with_the_pinned_host_side(standin):
     """Over the stand-in driver (pinned host side, shared with children) `info` prints the size
     of the shared pages as this machine's kernel gives them; the control, copy mode (anonymous

@@ -147,6 +147,28 @@ def shared_pages(path: str = SHMEM_THP) -> str:
     )
 
 
+def hugetlb_pages(meminfo: str = "/proc/meminfo") -> str | None:
+    """Why the hugetlb pages this machine reserved (``HugePages_Total`` of ``meminfo``) are not
+    used for the shared pages: one line for ``info``, None where none are reserved.
+
+    A fork child remaps the parent's memory file ``MAP_PRIVATE``; on a hugetlb file that
+    reserves a free huge page for every page of the file at the remap (``ENOMEM`` in the child
+    where too few are free), or, with ``MAP_NORESERVE``, kills the child with ``SIGBUS`` at its
+    first write to a page no free huge page is left for; and the pool's 4 KiB hole punches give
+    nothing back. Measured on the CPU box with ``benches/hugetlb_fork_probe.c``
+    (docs/BENCHMARKS.md section 32)."""
+    try:
+        with open(meminfo) as f:
+            total = next((int(l.split()[1]) for l in f if l.startswith("HugePages_Total:")), 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    if total <= 0:
+        return None
+    return (f"{total} reserved hugetlb pages, not used: each fork child would need as many free "
+            "huge pages as the parent's arrays take (its private remap fails, or it is killed "
+            "by SIGBUS at a write)")
+
+
 #: The kernel's setting for transparent huge pages of private memory.
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
@@ -238,6 +260,9 @@ def info() -> int:
             print(f"    fork(): {caps['fork_rule']}")
         if caps["fork_shared"]:
             print(f"    shared pages: {shared_pages()}")
+            hugetlb = hugetlb_pages()
+            if hugetlb:
+                print(f"    hugetlb: {hugetlb}")
         elif caps["host_side"] == "host":
             print(f"    pages: {private_pages()}")
         if caps["host_side"] == "pinned":
