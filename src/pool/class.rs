@@ -86,13 +86,19 @@ impl ClassTable {
     /// The class serving `n` bytes (`n <= SMALL_MAX`).
     #[inline]
     pub fn class_of(&self, n: usize) -> usize {
-        self.lookup[lookup_index(n)] as usize
+        self.lookup[(n + MIN_SLOT - 1) >> MIN_SHIFT] as usize
     }
 
-    /// The lookup table's address, for a copy kept next to the data that uses it (the thread
-    /// cache's allocation fast path): valid as long as the table.
-    pub(super) fn lookup_ptr(&self) -> *const u8 {
-        self.lookup.as_ptr()
+    /// [`class_of`](Self::class_of) without the bounds check (the allocation fast path).
+    ///
+    /// # Safety
+    /// `n <= SMALL_MAX`: the lookup table covers exactly those sizes.
+    #[inline(always)]
+    pub(super) unsafe fn class_of_unchecked(&self, n: usize) -> usize {
+        debug_assert!(n <= SMALL_MAX);
+        // SAFETY: `n <= SMALL_MAX` (the caller's contract), and the table has an entry for
+        // every `ceil(n / MIN_SLOT)` up to `SMALL_MAX / MIN_SLOT`.
+        unsafe { *self.lookup.get_unchecked((n + MIN_SLOT - 1) >> MIN_SHIFT) as usize }
     }
 
     pub fn size(&self, ci: usize) -> usize {
@@ -113,11 +119,4 @@ impl ClassTable {
     pub fn is_empty(&self) -> bool {
         self.sizes.is_empty()
     }
-}
-
-/// The entry of the class lookup table for `n` bytes (the table has one for every `n` up to
-/// `SMALL_MAX`).
-#[inline(always)]
-pub(super) fn lookup_index(n: usize) -> usize {
-    (n + MIN_SLOT - 1) >> MIN_SHIFT
 }

@@ -55,7 +55,7 @@ impl Pool {
     pub(super) fn hold_slot(&'static self, s: &'static Slab, idx: u32, n: usize) -> Result<usize> {
         {
             // Counted before another thread can see it on the list (and give it back).
-            let mut st = lock(&self.classes[s.class as usize]);
+            let mut st = lock(&self.classes[s.class]);
             self.stats.on_hold(s.slot);
             st.held.push((s, idx));
         }

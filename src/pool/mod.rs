@@ -681,7 +681,7 @@ impl Pool {
                 // realloc frees the old block: one a fork child may read moves (`hold`).
                 let fits = n <= info.capacity
                     && n <= SMALL_MAX
-                    && self.table.class_of(n) == s.class as usize
+                    && self.table.class_of(n) == s.class
                     && !s.held_for_children();
                 if fits && s.resize(info.base, n) {
                     self.stats.on_resize(info.size, n);

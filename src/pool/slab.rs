@@ -26,40 +26,31 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 pub(super) type Slot = (&'static Slab, u32);
 
 /// Descriptor of a slab: a span cut into equal slots of one class.
-///
-/// Laid out so that what a cached malloc and free read and write (base, words, slot, magic,
-/// len, pool, class, live) is in the descriptor's first cache line: those paths are bound by
-/// the latency of their loads, not by their instructions.
-#[repr(C, align(64))]
 pub struct Slab {
-    pub(super) base: AtomicUsize,
-    /// Per slot: requested bytes + 1 while handed out, 0 otherwise.
-    pub(super) words: Box<[AtomicU32]>,
+    pub(super) pool: &'static Pool,
+    pub(super) class: usize,
     pub(super) slot: usize,
-    /// Reciprocal of `slot` for division by multiplication: `idx = off * magic >> 64`.
-    magic: u64,
+    pub(super) nslots: usize,
     /// `nslots * slot`: the bytes of the slab's slots.
     len: usize,
-    pub(super) pool: &'static Pool,
-    /// The size class (an index into the pool's class table).
-    pub(super) class: u32,
+    /// Index of this descriptor's state in its class (fixed for the descriptor's life).
+    id: usize,
+    pub(super) base: AtomicUsize,
+    span: AtomicUsize,
+    /// Reciprocal of `slot` for division by multiplication: `idx = off * magic >> 64`.
+    magic: u64,
+    /// Per slot: requested bytes + 1 while handed out, 0 otherwise.
+    pub(super) words: Box<[AtomicU32]>,
+    /// The fork generation of its blocks (renewed when it is taken from with no slot out):
+    /// see `hold`.
+    pub(super) born: AtomicU64,
     /// Blocks of the slab live now (handed out and not freed), as a hint: kept with plain
     /// loads and stores, so exact when one thread uses the slab and possibly off by a few
     /// while threads race on it (it is set right whenever the slab empties). It only decides
     /// when cached slots go back early (`free_small`, `tcache::release_dead`); what is
     /// released is decided by the exact count under the class lock.
     live: AtomicU32,
-    /// The fork generation of its blocks (renewed when it is taken from with no slot out):
-    /// see `hold`. Read on the free paths only while a fork child may live.
-    pub(super) born: AtomicU64,
-    pub(super) nslots: usize,
-    /// Index of this descriptor's state in its class (fixed for the descriptor's life).
-    id: usize,
-    span: AtomicUsize,
 }
-
-// The fields the fast paths use fill the descriptor's first cache line.
-const _: () = assert!(std::mem::offset_of!(Slab, born) == 64);
 
 impl Slab {
     /// Slot index of byte offset `off` (exact for offsets below 2^32).
@@ -316,7 +307,7 @@ impl Pool {
                 let id = st.slabs.len();
                 let desc: &'static Slab = Box::leak(Box::new(Slab {
                     pool: self,
-                    class: ci as u32,
+                    class: ci,
                     slot,
                     nslots,
                     len: nslots * slot,

@@ -136,7 +136,7 @@ impl Pool {
             return self.hold_slot(s, idx as u32, n);
         }
         let dead = s.on_freed();
-        if self.is_stream_ordered() && self.put_hot(s.class as usize, s, idx as u32) {
+        if self.is_stream_ordered() && self.put_hot(s.class, s, idx as u32) {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             self.stats.sub_in_use(n);
             return Ok(n);
@@ -148,7 +148,7 @@ impl Pool {
             self.free_to_slab(s, idx as u32, n);
             return Ok(n);
         }
-        if !tcache::push(self, s.class as usize, (s, idx as u32), n) {
+        if !tcache::push(self, s.class, (s, idx as u32), n) {
             self.return_freed(s, idx as u32, n);
         }
         Ok(n)
@@ -187,7 +187,7 @@ impl Pool {
         let n = w as usize - 1;
         if s.on_freed() && self.over_retain() {
             self.free_to_slab(s, idx as u32, n);
-        } else if !tcache::push_to(c, self, s.class as usize, (s, idx as u32), n) {
+        } else if !tcache::push_to(c, self, s.class, (s, idx as u32), n) {
             self.return_freed(s, idx as u32, n);
         }
         Some(Ok(n))
@@ -209,7 +209,7 @@ impl Pool {
         }
         let c = tcache::mine(self)?;
         let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
-        if n > SMALL_MAX || off >= s.bytes() || self.table.class_of(n) != s.class as usize {
+        if n > SMALL_MAX || off >= s.bytes() || self.table.class_of(n) != s.class {
             return None;
         }
         let idx = s.slot_of(off);
@@ -235,7 +235,7 @@ impl Pool {
     #[cold]
     #[inline(never)]
     fn return_freed(&'static self, s: &'static Slab, idx: u32, n: usize) {
-        self.return_slots(s.class as usize, std::iter::once((s, idx)));
+        self.return_slots(s.class, std::iter::once((s, idx)));
         self.stats.frees.fetch_add(1, Ordering::Relaxed);
         self.stats.sub_in_use(n);
     }
@@ -245,9 +245,9 @@ impl Pool {
     #[cold]
     #[inline(never)]
     fn free_to_slab(&'static self, s: &'static Slab, idx: u32, n: usize) {
-        let mut slots = tcache::take_slab(self, s.class as usize, s);
+        let mut slots = tcache::take_slab(self, s.class, s);
         slots.push((s, idx));
-        self.return_slots(s.class as usize, slots);
+        self.return_slots(s.class, slots);
         self.stats.frees.fetch_add(1, Ordering::Relaxed);
         self.stats.sub_in_use(n);
         if self.over_retain() {

@@ -39,60 +39,45 @@ const COUNT_FLUSH: u64 = 256;
 /// `in_use` and its peak lag by less than this per thread; `ump_stats` flushes the caller's.
 const IN_USE_FLUSH: isize = 256 << 10;
 
-/// The cached slots of one class (32 bytes, aligned: one cache line holds it whole).
-#[repr(align(32))]
+/// The cached slots of one class.
 struct Bin {
     slots: Vec<Slot>,
     /// Slots kept at most.
-    cap: u32,
-    /// The class's slot size (at most `SMALL_MAX`).
-    size: u32,
+    cap: usize,
+    /// The class's slot size.
+    size: usize,
 }
 
-/// What the owner changes inside its busy windows. With the header of `Cache` it fills one
-/// cache line (the fields a cached malloc and free touch), the rarely used rest the next.
-#[repr(C)]
 struct Inner {
-    bins: Box<[Bin]>,
-    /// Change of requested bytes in use not yet added to the pool's `in_use` (within
-    /// `IN_USE_FLUSH` plus one block of `SMALL_MAX` bytes either way: an `i32` holds it).
-    in_use: i32,
-    /// Operations served and not yet added to the pool's counters (at most `COUNT_FLUSH`).
-    allocs: u32,
-    frees: u32,
-    /// Operations left before the counts are published (counts down from `COUNT_FLUSH`).
-    ops_left: u32,
+    bins: Vec<Bin>,
+    /// Bytes of slots held (mirrored in `Cache::bytes` for other threads).
+    bytes: usize,
+    /// Operations served and not yet added to the pool's counters.
+    allocs: u64,
+    frees: u64,
     /// Reallocs done in place by the fast path, not yet added to the pool's counter.
     reallocs: u64,
+    /// Operations left before the counts are published (counts down from `COUNT_FLUSH`).
+    ops_left: u32,
+    /// Change of requested bytes in use not yet added to the pool's `in_use`.
+    in_use: isize,
+    /// Slots came in since `release_dead` last looked.
+    fresh: bool,
 }
 
-/// One thread's cache. Its first cache line holds all that the fast paths read and write:
-/// they are bound by the latency of their loads (each line they touch may have left the
-/// nearest caches between two calls from a Python program), not by their instructions.
-#[repr(C, align(64))]
+/// One thread's cache.
 pub(super) struct Cache {
+    owner: &'static Pool,
+    /// The owner is the host side's primary pool (the allocation fast path serves it).
+    primary: bool,
     /// The owner is inside a busy window.
     busy: AtomicBool,
     /// A reclaimer asks for the bins.
     req: AtomicBool,
-    /// The owner is the host side's primary pool (the allocation fast path serves it).
-    primary: bool,
-    /// Slots came in since `release_dead` last looked (written by whoever holds the bins).
-    fresh: AtomicBool,
-    owner: &'static Pool,
-    /// The owner's class lookup table (`ClassTable::lookup`), read by the allocation fast
-    /// path without going through the pool.
-    lookup: *const u8,
     /// Bytes of slots held (written by whoever holds the bins, read by statistics).
     bytes: AtomicUsize,
     inner: UnsafeCell<Inner>,
 }
-
-// What the fast paths touch is in the cache's first line, and a bin is never split.
-const _: () = assert!(
-    std::mem::offset_of!(Cache, inner) + std::mem::offset_of!(Inner, reallocs) <= 64
-        && std::mem::size_of::<Bin>() == 32
-);
 
 // SAFETY: `inner` is touched only by the owner inside a busy window or by a reclaimer after
 // the handshake described in the module documentation; every other field is atomic.
@@ -141,14 +126,6 @@ impl Drop for Guard {
 }
 
 impl Cache {
-    /// Change the bytes of slots held by `d` (the caller holds the bins: the only writer).
-    #[inline(always)]
-    fn add_bytes(&self, d: isize) {
-        let b = self.bytes.load(Ordering::Relaxed);
-        self.bytes
-            .store(b.wrapping_add_signed(d), Ordering::Relaxed);
-    }
-
     /// Open a busy window; false when a reclaimer holds the bins.
     #[inline(always)]
     fn enter(&self) -> bool {
@@ -186,8 +163,7 @@ impl Cache {
     /// or `IN_USE_FLUSH` bytes of change either way).
     #[inline(always)]
     fn counts_due(inner: &Inner) -> bool {
-        inner.ops_left == 0
-            || (inner.in_use as isize + IN_USE_FLUSH) as usize > 2 * IN_USE_FLUSH as usize
+        inner.ops_left == 0 || (inner.in_use + IN_USE_FLUSH) as usize > 2 * IN_USE_FLUSH as usize
     }
 
     /// Publish the operation counts and the change of bytes in use to the owner's statistics.
@@ -204,9 +180,9 @@ impl Cache {
         if inner.allocs + inner.frees == 0 {
             return;
         }
-        st.allocs.fetch_add(inner.allocs as u64, Ordering::Relaxed);
-        st.hits.fetch_add(inner.allocs as u64, Ordering::Relaxed);
-        st.frees.fetch_add(inner.frees as u64, Ordering::Relaxed);
+        st.allocs.fetch_add(inner.allocs, Ordering::Relaxed);
+        st.hits.fetch_add(inner.allocs, Ordering::Relaxed);
+        st.frees.fetch_add(inner.frees, Ordering::Relaxed);
         inner.allocs = 0;
         inner.frees = 0;
     }
@@ -216,7 +192,7 @@ impl Cache {
         if d > 0 {
             self.owner.stats.add_in_use(d as usize);
         } else if d < 0 {
-            self.owner.stats.sub_in_use(d.unsigned_abs() as usize);
+            self.owner.stats.sub_in_use(d.unsigned_abs());
         }
     }
 }
@@ -231,19 +207,6 @@ pub(super) fn mine(pool: &'static Pool) -> Option<&'static Cache> {
     // SAFETY: `p` is this thread's live cache (freed only by this thread's exit).
     let c = unsafe { &*(p as *const Cache) };
     std::ptr::eq(c.owner, pool).then_some(c)
-}
-
-/// The size class of `n` bytes in `c`'s pool: `ClassTable::class_of` without the bounds
-/// check, through the copy of the table's address in the cache.
-///
-/// # Safety
-/// `n <= SMALL_MAX`.
-#[inline(always)]
-unsafe fn class_of_unchecked(c: &Cache, n: usize) -> usize {
-    debug_assert!(n <= super::SMALL_MAX);
-    // SAFETY: `lookup` is the owner's table (which lives as long as the pool, for the whole
-    // process), with an entry for every `ceil(n / MIN_SLOT)` up to `SMALL_MAX / MIN_SLOT`.
-    unsafe { *c.lookup.add(super::class::lookup_index(n)) as usize }
 }
 
 /// Take a cached slot of class `ci` for a block of `n` bytes (counted in use here).
@@ -265,10 +228,11 @@ fn pop_from(c: &Cache, ci: usize, n: usize) -> Option<Slot> {
     let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
     let x = bin.slots.pop();
     if x.is_some() {
-        c.add_bytes(-(bin.size as isize));
+        inner.bytes -= bin.size;
+        c.bytes.store(inner.bytes, Ordering::Relaxed);
         inner.allocs += 1;
         inner.ops_left = inner.ops_left.saturating_sub(1);
-        inner.in_use += n as i32;
+        inner.in_use += n as isize;
         if Cache::counts_due(inner) {
             c.flush_counts(inner);
         }
@@ -293,7 +257,7 @@ pub(super) fn alloc_primary(n: usize) -> Option<usize> {
         return None;
     }
     // SAFETY: `n <= SMALL_MAX` (the caller, `pool::alloc_cached`, checks it).
-    let ci = unsafe { class_of_unchecked(c, n) };
+    let ci = unsafe { c.owner.table.class_of_unchecked(n) };
     let (slab, idx) = pop_from(c, ci, n)?;
     Some(slab.hand_out(idx, n))
 }
@@ -308,7 +272,7 @@ pub(super) fn note_resize(c: &Cache, old: usize, new: usize) -> bool {
     }
     // SAFETY: inside our busy window.
     let inner = unsafe { c.inner() };
-    inner.in_use += new as i32 - old as i32;
+    inner.in_use += new as isize - old as isize;
     inner.reallocs += 1;
     inner.ops_left = inner.ops_left.saturating_sub(1);
     if Cache::counts_due(inner) {
@@ -341,9 +305,9 @@ pub(super) fn push_to(c: &Cache, pool: &'static Pool, ci: usize, slot: Slot, n: 
     debug_assert!(ci < inner.bins.len());
     // SAFETY: `ci` is a class of the owner's table, which has one bin per class.
     let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
-    let overflow = if bin.slots.len() >= bin.cap as usize {
+    let overflow = if bin.slots.len() >= bin.cap {
         let old = take_oldest_half(&mut bin.slots);
-        c.add_bytes(-((old.len() * bin.size as usize) as isize));
+        inner.bytes -= old.len() * bin.size;
         Some(old)
     } else {
         None
@@ -357,11 +321,12 @@ pub(super) fn push_to(c: &Cache, pool: &'static Pool, ci: usize, slot: Slot, n: 
         bin.slots.as_mut_ptr().add(len).write(slot);
         bin.slots.set_len(len + 1);
     }
-    c.add_bytes(bin.size as isize);
-    c.fresh.store(true, Ordering::Relaxed);
+    inner.bytes += bin.size;
+    c.bytes.store(inner.bytes, Ordering::Relaxed);
+    inner.fresh = true;
     inner.frees += 1;
     inner.ops_left = inner.ops_left.saturating_sub(1);
-    inner.in_use -= n as i32;
+    inner.in_use -= n as isize;
     if Cache::counts_due(inner) {
         c.flush_counts(inner);
     }
@@ -404,12 +369,11 @@ pub(super) fn stash(pool: &'static Pool, ci: usize, mut slots: Vec<Slot>) -> Vec
     // SAFETY: inside our busy window.
     let inner = unsafe { c.inner() };
     let bin = &mut inner.bins[ci];
-    let n = (bin.cap as usize)
-        .saturating_sub(bin.slots.len())
-        .min(slots.len());
+    let n = bin.cap.saturating_sub(bin.slots.len()).min(slots.len());
     bin.slots.extend(slots.drain(slots.len() - n..));
-    c.add_bytes((n * bin.size as usize) as isize);
-    c.fresh.store(true, Ordering::Relaxed);
+    inner.bytes += n * bin.size;
+    inner.fresh = true;
+    c.bytes.store(inner.bytes, Ordering::Relaxed);
     c.leave();
     slots
 }
@@ -447,12 +411,10 @@ pub(super) fn ensure(pool: &'static Pool) -> bool {
     }
     probe_membarrier();
     let cache = Box::new(Cache {
+        owner: pool,
+        primary: pool.is_host_primary(),
         busy: AtomicBool::new(false),
         req: AtomicBool::new(false),
-        primary: pool.is_host_primary(),
-        fresh: AtomicBool::new(false),
-        owner: pool,
-        lookup: pool.table.lookup_ptr(),
         bytes: AtomicUsize::new(0),
         inner: UnsafeCell::new(Inner {
             // Room for the cap and one more: no allocation inside a busy window.
@@ -461,16 +423,18 @@ pub(super) fn ensure(pool: &'static Pool) -> bool {
                     let cap = caps_for(pool, ci);
                     Bin {
                         slots: Vec::with_capacity(cap + 1),
-                        cap: cap as u32,
-                        size: pool.table.sizes[ci] as u32,
+                        cap,
+                        size: pool.table.sizes[ci],
                     }
                 })
                 .collect(),
-            in_use: 0,
+            bytes: 0,
             allocs: 0,
             frees: 0,
-            ops_left: COUNT_FLUSH as u32,
             reallocs: 0,
+            ops_left: COUNT_FLUSH as u32,
+            in_use: 0,
+            fresh: false,
         }),
     });
     let addr = Box::into_raw(cache) as usize;
@@ -535,6 +499,7 @@ fn drain(c: &Cache) {
             c.owner.return_slots(ci, bin.slots.drain(..));
         }
     }
+    inner.bytes = 0;
     c.bytes.store(0, Ordering::Relaxed);
 }
 
@@ -591,7 +556,8 @@ pub(super) fn take_slab(pool: &'static Pool, ci: usize, slab: &'static Slab) -> 
         }
         !mine
     });
-    c.add_bytes(-((taken.len() * bin.size as usize) as isize));
+    inner.bytes -= taken.len() * bin.size;
+    c.bytes.store(inner.bytes, Ordering::Relaxed);
     c.leave();
     taken
 }
@@ -601,7 +567,7 @@ pub(super) fn take_slab(pool: &'static Pool, ci: usize, slab: &'static Slab) -> 
 fn take_dead(c: &Cache) -> Vec<(usize, Vec<Slot>)> {
     // SAFETY: forwarded from the caller.
     let inner = unsafe { c.inner() };
-    c.fresh.store(false, Ordering::Relaxed);
+    inner.fresh = false;
     let mut out = Vec::new();
     for (ci, bin) in inner.bins.iter_mut().enumerate() {
         // One look at each slot's hint (other threads change it meanwhile): a slot is either
@@ -615,10 +581,11 @@ fn take_dead(c: &Cache) -> Vec<(usize, Vec<Slot>)> {
             !d
         });
         if !dead.is_empty() {
-            c.add_bytes(-((dead.len() * bin.size as usize) as isize));
+            inner.bytes -= dead.len() * bin.size;
             out.push((ci, dead));
         }
     }
+    c.bytes.store(inner.bytes, Ordering::Relaxed);
     out
 }
 
@@ -630,11 +597,8 @@ pub(crate) fn release_dead(pool: &'static Pool) {
     if let Some(c) = mine(pool) {
         let dead = if c.enter() {
             // SAFETY: inside our busy window.
-            let d = if c.fresh.load(Ordering::Relaxed) {
-                take_dead(c)
-            } else {
-                Vec::new()
-            };
+            let fresh = unsafe { c.inner() }.fresh;
+            let d = if fresh { take_dead(c) } else { Vec::new() };
             c.leave();
             d
         } else {
