@@ -665,23 +665,20 @@ impl Allocator {
     /// Whether device code can reach memory of `kind` on this machine.
     #[inline]
     pub fn device_accessible(&self, kind: Kind) -> bool {
-        let hmm = match (kind, self.gpu.get()) {
-            (
-                Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST,
-                Some(g),
-            ) => g.hmm,
-            // The plain fallback of a pinned host side that waits for the first use of a GPU:
-            // host memory only, for now, as its pinned chunks are (asking the machine would
-            // start the driver, after which no fork child could use CUDA).
-            (Kind::UMP_KIND_HOST, None) if self.provisional => false,
-            (Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST, None) => {
-                self.gpu().hmm
-            }
-            _ => false,
-        };
         match kind {
             Kind::UMP_KIND_MANAGED | Kind::UMP_KIND_REGISTERED | Kind::UMP_KIND_DEVICE => true,
-            Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST => hmm,
+            // Host memory: where the machine has HMM or ATS.
+            Kind::UMP_KIND_HOST | Kind::UMP_KIND_SYSTEM | Kind::UMP_KIND_FOREIGN_HOST => {
+                match self.gpu.get() {
+                    Some(g) => g.hmm,
+                    // The plain fallback of a pinned host side that waits for the first use
+                    // of a GPU: host memory only, for now, as its pinned chunks are (asking
+                    // the machine would start the driver, after which no fork child could
+                    // use CUDA).
+                    None if self.provisional && kind == Kind::UMP_KIND_HOST => false,
+                    None => self.gpu().hmm,
+                }
+            }
             Kind::UMP_KIND_FOREIGN_CUDA | Kind::UMP_KIND_UNKNOWN => false,
         }
     }
