@@ -602,7 +602,10 @@ size_t ump_alignment(void);
 // (see `ump_init`).
 size_t ump_block_alignment(size_t size);
 
-// The mode in force, or `UMP_MODE_UNSET` before initialisation.
+// The mode in force, or `UMP_MODE_UNSET` before initialisation. Where the sides chosen at
+// initialisation tell it (`ump_mode_known`), the driver is not started: a pinned host side made
+// before the GPU was asked answers `UMP_MODE_PINNED`, and no CUDA context is made. Otherwise the
+// machine is asked (the CUDA driver is loaded and initialised, about 0.5 s).
 enum ump_mode ump_current_mode(void);
 
 // The mode in force as far as it is known without asking the machine (a question loads the

@@ -127,7 +127,8 @@ def test_a_numpy_only_process_makes_no_context(standin, pin):
     assert counts == {"retains": 0, "registrations": 0, "ctx_creates": 0, "unregistrations": 0}, out
     # Without GPU device nodes (a CPU machine: the stand-in is the only driver) ump-alloc loads
     # the driver at start to learn the machine; with them, never before the first use of a GPU,
-    # nor for identify(), stats(), memory_summary(), trim() or mode(). capabilities() asks the driver
+    # nor for identify(), stats(), memory_summary(), trim() or mode() (the C export ump_current_mode).
+    # capabilities() asks the driver
     # (it reports the devices), and starts it once: a fork child made after it could not use
     # CUDA, as after torch.cuda.is_available().
     assert out["inits_before_caps"] == (0 if os.path.exists("/dev/nvidiactl") else 1), out

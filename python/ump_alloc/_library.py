@@ -40,8 +40,7 @@ def mode() -> str:
     side that waits for the first use of a GPU is 'pinned'): a process that only uses NumPy
     must not start it (about 0.5 s, and a fork child of a process that started it cannot use
     CUDA). Where only the machine can tell, it is asked."""
-    known = _lib.MODE_NAMES.get(_lib.lib().ump_mode_known(), "unset")
-    return known if known != "unset" else _lib.MODE_NAMES.get(_lib.lib().ump_current_mode(), "unset")
+    return _lib.MODE_NAMES.get(_lib.lib().ump_current_mode(), "unset")
 
 
 def alignment() -> int:

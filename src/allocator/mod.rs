@@ -449,15 +449,11 @@ impl Allocator {
         self.gpu.get()
     }
 
-    /// The preset the sides make up (or `Custom`); probes the machine if that was left for
-    /// later (see [`gpu`](Self::gpu)).
+    /// The preset the sides make up (or `Custom`): [`mode_known`](Self::mode_known) where that
+    /// answers (so a pinned host side waiting for a GPU says `pinned` and starts no driver),
+    /// else it probes the machine (see [`gpu`](Self::gpu)).
     pub fn mode(&self) -> Mode {
-        match self.gpu.get() {
-            Some(g) => g.mode,
-            // Mode `host` is known without asking the machine.
-            None if self.config.mode == ModeRequest::Forced(Mode::Host) => Mode::Host,
-            None => self.gpu().mode,
-        }
+        self.mode_known().unwrap_or_else(|| self.gpu().mode)
     }
 
     /// The stream pools for GPU libraries on `device`, made on first use.

@@ -187,7 +187,10 @@ pub extern "C" fn ump_block_alignment(size: usize) -> usize {
     )
 }
 
-/// The mode in force, or `UMP_MODE_UNSET` before initialisation.
+/// The mode in force, or `UMP_MODE_UNSET` before initialisation. Where the sides chosen at
+/// initialisation tell it (`ump_mode_known`), the driver is not started: a pinned host side made
+/// before the GPU was asked answers `UMP_MODE_PINNED`, and no CUDA context is made. Otherwise the
+/// machine is asked (the CUDA driver is loaded and initialised, about 0.5 s).
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_current_mode() -> ump_mode {
     guard("ump_current_mode", ump_mode::UMP_MODE_UNSET, || {
