@@ -14,7 +14,15 @@ that PyTorch's cache never hands one mode's blocks to the other); without it PyT
 its own allocator throughout. Needs a GPU, PyTorch and torchvision (``--workers-only``: PyTorch).
 
     python benches/dataloader_ab_probe.py [--epochs 6] [--torch] [--start ump] [--persistent] [--pin]
-        [--workers-only]
+        [--workers-only] [--start-method fork|spawn|forkserver]
+
+``--start-method spawn`` or ``forkserver`` (issue 33): the workers start clean and get the
+Dataset pickled (each its own copy of the 300 MiB, made in the worker), as with any in-memory
+Dataset under those start methods. The worker's ump-alloc comes from its environment, as it
+would for a user: a ``ump`` epoch's workers start with ``UMP_ALLOC=1`` and a ``plain`` epoch's
+without it. Spawn reads the environment at each start; forkserver workers are forked from a
+server that was started with it, so the probe keeps one server per mode, both started before
+the first epoch, and starts each worker from its mode's server.
 
 Prints each epoch (seconds, the workers' time for their samples, wall and CPU, and for
 collation, summed over the epoch's batches) and the median epoch of each mode with their ratio;
@@ -34,6 +42,74 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# Module level, so that spawn and forkserver workers unpickle them: the Dataset carries its
+# samples (a fork worker shares the parent's array, a spawn or forkserver worker gets a copy).
+_mark = {"started": None, "cpu": 0.0}  # in each worker: when it began the batch it is making
+
+
+class DS:
+    def __init__(self, images, labels):
+        self.images, self.labels = images, labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+
+        if _mark["started"] is None:
+            _mark["started"], _mark["cpu"] = time.perf_counter(), time.thread_time()
+        if "kind" not in _mark:  # whose memory this worker's copy of the samples is
+            ump = sys.modules.get("ump_alloc")
+            _mark["kind"] = ump.identify(self.images).kind if ump else "ump_alloc not loaded"
+        x = self.images[i].astype(np.float32) / 255.0  # a new array in the worker
+        return torch.from_numpy(x), int(self.labels[i])
+
+
+def collate(batch):
+    # The worker's time for this batch travels with it: its samples (wall and CPU time: the CPU
+    # time leaves out the moments other processes had the core) and the collation.
+    from torch.utils.data import default_collate
+
+    t0, c0 = time.perf_counter(), time.thread_time()
+    x, y = default_collate(batch)
+    t1 = time.perf_counter()
+    samples, samples_cpu, _mark["started"] = t0 - _mark["started"], c0 - _mark["cpu"], None
+    return x, y, samples, samples_cpu, t1 - t0, _mark["kind"]
+
+
+class WorkerEnv:
+    """Starts each mode's workers with that mode's environment: ``UMP_ALLOC=1`` for ``ump``,
+    none for ``plain``. Under forkserver there is one server per mode (a worker is forked from
+    the server and inherits the server's environment, not the parent's at the time)."""
+
+    def __init__(self, method):
+        self.method, self.mode = method, "plain"
+        if method != "forkserver":
+            return
+        import multiprocessing.forkserver as fs
+
+        self.servers = {m: fs.ForkServer() for m in ("plain", "ump")}
+        for m, server in self.servers.items():
+            with self.env(m):
+                server.ensure_running()
+        # popen_forkserver starts every process through this module-level name (the default
+        # server's method): each worker comes from the server of the mode that starts it.
+        fs.connect_to_new_process = lambda fds: self.servers[self.mode].connect_to_new_process(fds)
+
+    @contextlib.contextmanager
+    def env(self, mode):
+        old, self.mode = os.environ.pop("UMP_ALLOC", None), mode
+        if mode == "ump":
+            os.environ["UMP_ALLOC"] = "1"
+        try:
+            yield
+        finally:
+            os.environ.pop("UMP_ALLOC", None)
+            if old is not None:
+                os.environ["UMP_ALLOC"] = old
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -44,6 +120,8 @@ def main() -> int:
     ap.add_argument("--pin", action="store_true", help="pin_memory=True")
     ap.add_argument("--workers-only", action="store_true",
                     help="no model and no GPU: the loop only takes the batches (the workers' side alone)")
+    ap.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork",
+                    help="the DataLoader's multiprocessing_context")
     args = ap.parse_args()
     import _benchutil
 
@@ -53,7 +131,7 @@ def main() -> int:
         _benchutil.gpu_or_skip("torch", "torchvision")
     import numpy as np
     import torch
-    from torch.utils.data import DataLoader, Dataset, default_collate
+    from torch.utils.data import DataLoader
 
     import ump_alloc
 
@@ -63,26 +141,8 @@ def main() -> int:
     with ump_alloc.enabled(torch=False):
         ump_images = plain_images.copy()
     labels = rng.integers(0, 10, n).astype(np.int64)
-    data = {"images": plain_images, "started": None, "cpu": 0.0}
-
-    class DS(Dataset):
-        def __len__(self):
-            return n
-
-        def __getitem__(self, i):
-            if data["started"] is None:
-                data["started"], data["cpu"] = time.perf_counter(), time.thread_time()
-            x = data["images"][i].astype(np.float32) / 255.0
-            return torch.from_numpy(x), int(labels[i])
-
-    def collate(batch):
-        # The worker's time for this batch travels with it: its samples (wall and CPU time:
-        # the CPU time leaves out the moments other processes had the core) and the collation.
-        t0, c0 = time.perf_counter(), time.thread_time()
-        x, y = default_collate(batch)
-        t1 = time.perf_counter()
-        samples, samples_cpu, data["started"] = t0 - data["started"], c0 - data["cpu"], None
-        return x, y, samples, samples_cpu, t1 - t0
+    datasets = {"plain": DS(plain_images, labels), "ump": DS(ump_images, labels)}
+    workers = WorkerEnv(args.start_method)
 
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -116,8 +176,9 @@ def main() -> int:
             return loaders[mode]
         g = torch.Generator()
         g.manual_seed(seed)
-        dl = DataLoader(DS(), batch_size=256, shuffle=True, generator=g, num_workers=4, pin_memory=args.pin,
-                        persistent_workers=args.persistent, multiprocessing_context="fork", collate_fn=collate)
+        dl = DataLoader(datasets[mode], batch_size=256, shuffle=True, generator=g, num_workers=4,
+                        pin_memory=args.pin, persistent_workers=args.persistent,
+                        multiprocessing_context=args.start_method, collate_fn=collate)
         if args.persistent:
             loaders[mode] = dl
         return dl
@@ -129,8 +190,12 @@ def main() -> int:
             torch.cuda.synchronize()
         t = time.perf_counter()
         samples = samples_cpu = coll = 0.0
+        kinds = set()
+        with workers.env(mode):
+            batches = iter(dl)  # starts the workers (with --persistent, at the mode's first epoch)
         with contextlib.nullcontext() if args.workers_only else torch.cuda.stream(streams[mode]):
-            for x, y, s_wall, s_cpu, c in dl:
+            for x, y, s_wall, s_cpu, c, k in batches:
+                kinds.add(k)
                 samples += s_wall
                 samples_cpu += s_cpu
                 coll += c
@@ -143,7 +208,7 @@ def main() -> int:
                 opt.step()
         if not args.workers_only:
             torch.cuda.synchronize()
-        return time.perf_counter() - t, samples, samples_cpu, coll
+        return time.perf_counter() - t, samples, samples_cpu, coll, ",".join(sorted(kinds))
 
     order = ["plain", "ump"] if args.start == "plain" else ["ump", "plain"]
     got = {"plain": [], "ump": []}
@@ -155,20 +220,18 @@ def main() -> int:
         model = "none" if models[mode] is None else kind(next(models[mode][0].parameters()).data_ptr())
         print(f"{mode} epochs: dataset {kind(images)}, model {model}")
     print(f"PyTorch on ump-alloc in ump epochs: {args.torch}; persistent_workers={args.persistent}, "
-          f"pin_memory={args.pin}")
-    print(f"{'epoch':>5} {'mode':<6} {'s':>7} {'samples s':>10} {'(CPU s)':>8} {'collate s':>10}")
+          f"pin_memory={args.pin}, start method {args.start_method}")
+    print(f"{'epoch':>5} {'mode':<6} {'s':>7} {'samples s':>10} {'(CPU s)':>8} {'collate s':>10}  workers' samples")
     for e in range(2 * args.epochs):
         mode = order[e % 2]
         if mode == "ump":
-            data["images"] = ump_images
             with ump_alloc.enabled(torch=args.torch):
                 r = epoch(mode, e // 2)
         else:
-            data["images"] = plain_images
             r = epoch(mode, e // 2)
         if e >= 2:
             got[mode].append(r)
-        print(f"{e:>5} {mode:<6} {r[0]:>7.3f} {r[1]:>10.3f} {r[2]:>8.3f} {r[3]:>10.3f}", flush=True)
+        print(f"{e:>5} {mode:<6} {r[0]:>7.3f} {r[1]:>10.3f} {r[2]:>8.3f} {r[3]:>10.3f}  {r[4]}", flush=True)
     p, u = (statistics.median(r[0] for r in got[m]) for m in ("plain", "ump"))
     pc, uc = (statistics.median(r[2] for r in got[m]) for m in ("plain", "ump"))
     print(f"median epoch: plain {p:.3f} s, ump {u:.3f} s: ump / plain = {u / p:.3f}x")
