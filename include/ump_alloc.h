@@ -568,6 +568,19 @@ int ump_config_check(void);
 // `out_len` bytes.
 int ump_config_describe(const char *name, const char *value, char *out, size_t out_len);
 
+// Read variable `name` of the process environment now, through its row of the configuration
+// table (the reading `ump_config_check` and the first allocation make): writes the value as
+// typed (trimmed), or the row's default where it is unset or empty, NUL-terminated into `out`.
+// Returns `UMP_OK`; `UMP_ERR_CONFIG` for a value the row refuses (`ump_last_error()` says
+// `NAME="value": expected ...`, not counted as an error in `ump_stats`); `UMP_ERR_INVALID` for
+// a name with no row or an `out_len` too small for the value and its NUL; `UMP_ERR_NULL`.
+// `out` is written only on success. The Python package reads every `UMP_ALLOC_*` variable it
+// acts on through this, so that the table is the one reading of the environment.
+//
+// # Safety
+// `name` is NULL or a NUL-terminated string; `out` is NULL or writable for `out_len` bytes.
+int ump_config_setting(const char *name, char *out, size_t out_len);
+
 // Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before
 // the first allocation. A mode this machine cannot do gives `UMP_ERR_UNSUPPORTED` with the
 // missing capability; a different mode after the first allocation gives `UMP_ERR_LOCKED`.

@@ -173,3 +173,64 @@ def test_capabilities_before_the_first_allocation_show_the_api_settings():
     first, reason = r.stdout.splitlines()
     assert first.split() == ["host", "4096", "host", "False", "0"], r.stdout
     assert "not available" not in reason, reason
+
+
+def test_setting_reads_a_variable_through_the_library_table():
+    """``_config.setting`` is the package's one reading of a variable: the table's default
+    where unset, the value as typed where set, the table's own message where refused."""
+    code = (
+        "import json, os, ump_alloc\n"
+        "from ump_alloc import _config, _torch, _numpy\n"
+        "out = {'route': _torch.route_setting(), 'numpy': _numpy.route(),\n"
+        "       'zero_copy': _config.setting('UMP_ALLOC_CUPY_ZERO_COPY')}\n"
+        "os.environ['UMP_ALLOC_TORCH_ROUTE'] = ' SWAP '\n"
+        "out['swap'] = _torch.route_setting()\n"
+        "os.environ['UMP_ALLOC_TORCH_ROUTE'] = 'pluggable'\n"
+        "try:\n"
+        "    _torch.route_setting()\n"
+        "except ump_alloc.UmpError as e:\n"
+        "    out['error'] = [str(e), e.status_name]\n"
+        "try:\n"
+        "    _config.setting('UMP_ALLOC_NO_SUCH')\n"
+        "except ump_alloc.UmpError as e:\n"
+        "    out['unknown'] = e.status_name\n"
+        "os.environ['UMP_ALLOC_NUMPY_ROUTE'] = 'numba'\n"
+        "out['numpy_bad'] = _numpy.route()\n"
+        "out['check'] = _config.config_errors()\n"
+        "print(json.dumps(out))\n"
+    )
+    import json
+
+    out = json.loads(run_python(code).stdout.strip().splitlines()[-1])
+    assert out["route"] == "segments" and out["numpy"] == "native" and out["zero_copy"] == "0", out
+    assert out["swap"] == "swap", out
+    msg, status = out["error"]
+    assert status == "UMP_ERR_CONFIG", out
+    # The table's text, naming the variable, the value and what it takes, and the fix.
+    assert msg.startswith('UMP_ALLOC_TORCH_ROUTE="pluggable": expected segments or swap'), msg
+    assert "unset it" in msg, msg
+    assert out["unknown"] == "UMP_ERR_INVALID", out
+    # A refused NumPy route reads as the default here; the configuration check says why.
+    assert out["numpy_bad"] == "native", out
+    assert any('UMP_ALLOC_TORCH_ROUTE="pluggable"' in line for line in out["check"]), out["check"]
+
+
+def test_the_package_reads_no_setting_around_the_table():
+    """Every ``UMP_ALLOC_*`` variable the package acts on is read through the library's table
+    (``_config.setting``), except the two that must be read before the library is loaded:
+    ``UMP_ALLOC`` (the start-up hook) and ``UMP_ALLOC_LIBRARY`` (which library to load)."""
+    import re
+
+    pkg = os.path.join(ROOT, "python")
+    read = re.compile(r"""(?:environ\.get\(|environ\[|getenv\()\s*f?["'](UMP_ALLOC\w*)["']""")
+    found = []
+    for d, _, files in os.walk(pkg):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                with open(path) as fh:
+                    for n, line in enumerate(fh, 1):
+                        for name in read.findall(line):
+                            if name not in ("UMP_ALLOC", "UMP_ALLOC_LIBRARY"):
+                                found.append(f"{os.path.relpath(path, ROOT)}:{n}: {name}")
+    assert not found, found

@@ -637,6 +637,26 @@ pub fn describe(name: &str, value: &str, memory: usize) -> Result<String> {
     Ok((var.show)(&c, value.trim(), memory))
 }
 
+/// The value of variable `name` in `get`'s environment, checked by its row of the table: as
+/// typed (trimmed), or the row's default where it is unset or empty. A bad value gives the
+/// error the configuration check gives (`NAME="value": expected ...`), a name with no row
+/// `UMP_ERR_INVALID`. The Python package asks this for every variable it acts on, so that the
+/// table is the one reading of the environment.
+pub fn setting(name: &str, get: impl Fn(&str) -> Option<String>) -> Result<String> {
+    let Some(var) = VARS.iter().find(|v| v.name() == name) else {
+        return Err(Error::invalid(format!(
+            "no configuration variable {name:?}"
+        )));
+    };
+    let value = get(name)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| var.default().to_string());
+    (var.read)(&mut Config::unread(), &value)
+        .map_err(|e| Error::config(format!("{name}={value:?}: {e}")))?;
+    Ok(value)
+}
+
 /// A switch, for people: "1 (on)" or "0 (off)".
 fn on_off(on: bool) -> String {
     if on { "1 (on)" } else { "0 (off)" }.to_string()

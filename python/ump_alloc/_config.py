@@ -1,5 +1,6 @@
 """The ``UMP_ALLOC_*`` configuration as the library's table has it (``ump_config_var``,
-``ump_config_describe``, ``ump_config_check``): :func:`config_table`, :func:`config_errors`,
+``ump_config_describe``, ``ump_config_check``, ``ump_config_setting``): :func:`setting`, the
+one reading of a variable for the whole package, :func:`config_table`, :func:`config_errors`,
 the variables it does not know (a warning at start-up, with the closest name), and
 :func:`init`, which starts the library."""
 
@@ -19,6 +20,25 @@ def init() -> None:
     is read and fixed; a bad one raises :class:`UmpError`)."""
     _warn_unknown_vars()
     _lib.check(_lib.lib().ump_init(), "ump_init")
+
+
+def setting(name: str) -> str:
+    """The value of the ``UMP_ALLOC_*`` variable ``name`` in the environment now, read through
+    the library's configuration table (``ump_config_setting``): as typed (trimmed), or the
+    table's default where it is unset or empty. Every variable the package acts on is read
+    here, so that Python and the library agree on what a value means.
+
+    Raises :class:`UmpError` (status ``UMP_ERR_CONFIG``) with the table's own message for a
+    value it refuses, the text the first allocation would give."""
+    buf = ctypes.create_string_buffer(4096)
+    rc = _lib.lib().ump_config_setting(name.encode(), buf, len(buf))
+    if rc != _lib.OK:
+        msg = (last_error() or f"{name}: not readable").removeprefix("ump_config_setting: ")
+        clear_error()
+        if rc == _lib.ERR_CONFIG:
+            msg += f" (set {name} to one of those, or unset it; python -m ump_alloc info lists every variable)"
+        raise _lib.UmpError(msg, rc)
+    return buf.value.decode(errors="replace")
 
 
 def installed(module: str) -> bool:
@@ -41,7 +61,11 @@ def config_errors() -> list[str]:
         msg = (last_error() or "invalid UMP_ALLOC_* setting").removeprefix("ump_config_check: ")
         out.append(f"configuration error: {msg}")
         clear_error()
-    if os.environ.get("UMP_ALLOC_NUMPY_ROUTE", "").strip() == "numpy_allocator" and not installed("numpy_allocator"):
+    try:
+        numpy_route = setting("UMP_ALLOC_NUMPY_ROUTE")
+    except _lib.UmpError:
+        numpy_route = None  # a value the table refuses: the configuration error above says so
+    if numpy_route == "numpy_allocator" and not installed("numpy_allocator"):
         out.append("configuration error: UMP_ALLOC_NUMPY_ROUTE=numpy_allocator, but numpy_allocator is not "
                    "installed: pip install numpy_allocator, or unset UMP_ALLOC_NUMPY_ROUTE")
     out += [_unknown_message(n, near) for n, near in unknown_variables()]

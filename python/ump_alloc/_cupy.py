@@ -235,12 +235,12 @@ def describe() -> str:
 def install(zero_copy: bool | None = None) -> None:
     """Make ump-alloc CuPy's allocator; ``zero_copy`` (None: ``UMP_ALLOC_CUPY_ZERO_COPY``)
     also turns on CUPY_ENABLE_UMP's views for ump-alloc memory (see ``_cupy_zerocopy``)."""
-    import os
-
     import cupy
 
+    from . import _config
+
     if zero_copy is None:
-        zero_copy = os.environ.get("UMP_ALLOC_CUPY_ZERO_COPY", "").strip() == "1"
+        zero_copy = _config.setting("UMP_ALLOC_CUPY_ZERO_COPY") == "1"
     if zero_copy:
         from . import _cupy_zerocopy
 

@@ -275,6 +275,7 @@ SIGNATURES = {
     "ump_set_limit": (c_int, [c_char_p]),
     "ump_config_check": (c_int, []),
     "ump_config_describe": (c_int, [c_char_p, c_char_p, c_char_p, c_size_t]),
+    "ump_config_setting": (c_int, [c_char_p, c_char_p, c_size_t]),
     "ump_alignment": (c_size_t, []),
     "ump_block_alignment": (c_size_t, [c_size_t]),
     "ump_current_mode": (c_int, []),

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
-import os
 
 from . import _lib
 
@@ -100,8 +99,12 @@ def route() -> str:
     """The route in use (after the first :func:`install`), else the one configured."""
     if _route is not None:
         return _route
-    v = os.environ.get("UMP_ALLOC_NUMPY_ROUTE", "").strip() or "native"
-    return v if v in ROUTES else "native"  # the library's configuration check refuses others
+    from . import _config
+
+    try:
+        return _config.setting("UMP_ALLOC_NUMPY_ROUTE")
+    except _lib.UmpError:
+        return "native"  # the library's configuration check refuses the value, and says why
 
 
 def handler_class():

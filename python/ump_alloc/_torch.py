@@ -35,7 +35,7 @@ import ctypes
 import os
 import warnings
 
-from . import _lib
+from . import _config, _lib
 
 ROUTES = ("segments", "swap")
 
@@ -70,15 +70,13 @@ class TooLateError(_lib.UmpError):
 
 def route_setting(route: str | None = None) -> str:
     """The route asked for: ``route`` if given, else ``UMP_ALLOC_TORCH_ROUTE`` (default
-    ``segments``)."""
-    r = route if route is not None else os.environ.get("UMP_ALLOC_TORCH_ROUTE", "").strip() or "segments"
-    r = str(r).strip().lower()
+    ``segments``), read through the library's configuration table (a value it refuses raises
+    :class:`UmpError` with the table's message)."""
+    if route is None:
+        return _config.setting("UMP_ALLOC_TORCH_ROUTE").lower()
+    r = str(route).strip().lower()
     if r not in ROUTES:
-        raise _lib.UmpError(
-            f"torch_route={route!r}: expected 'segments' or 'swap'" if route is not None
-            else f"UMP_ALLOC_TORCH_ROUTE={r!r}: expected segments or swap",
-            _lib.ERR_CONFIG,
-        )
+        raise _lib.UmpError(f"torch_route={route!r}: expected 'segments' or 'swap'", _lib.ERR_CONFIG)
     return r
 
 
@@ -317,7 +315,13 @@ def ipc_hint(ptr: int) -> str | None:
 
 
 def _vmm_device_side() -> bool:
-    return os.environ.get("UMP_ALLOC_DEVICE_VMM", "").strip() != "0"
+    """Whether plain device memory of the device side is a virtual-memory pool
+    (``UMP_ALLOC_DEVICE_VMM``); for an error message, so a value the table refuses reads as
+    the default."""
+    try:
+        return _config.setting("UMP_ALLOC_DEVICE_VMM") != "0"
+    except _lib.UmpError:
+        return True
 
 
 def active() -> bool:

@@ -36,17 +36,18 @@ _orig: dict = {}
 _state = {"fast_cpu": False, "unified": False}
 
 
-def _switch(name: str, default: bool) -> bool:
-    import os
+def _switch(name: str) -> bool:
+    """A ``UMP_ALLOC_*`` switch, read through the library's configuration table (its default
+    where unset)."""
+    from . import _config
 
-    v = os.environ.get(name, "").strip()
-    return default if v == "" else v == "1"  # validated by ump_init (0 or 1)
+    return _config.setting(name) == "1"
 
 
 def install(torch, fast_cpu: bool | None = None, unified: bool | None = None) -> None:
     """Patch ``torch.Tensor.cpu``/``to``/``numpy`` (once). ``None``: the ``UMP_ALLOC_*`` switch."""
-    _state["fast_cpu"] = _switch("UMP_ALLOC_TORCH_FAST_CPU", True) if fast_cpu is None else bool(fast_cpu)
-    _state["unified"] = _switch("UMP_ALLOC_TORCH_UNIFIED", False) if unified is None else bool(unified)
+    _state["fast_cpu"] = _switch("UMP_ALLOC_TORCH_FAST_CPU") if fast_cpu is None else bool(fast_cpu)
+    _state["unified"] = _switch("UMP_ALLOC_TORCH_UNIFIED") if unified is None else bool(unified)
     if _orig or not (_state["fast_cpu"] or _state["unified"]):
         return
     T = torch.Tensor

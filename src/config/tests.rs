@@ -471,3 +471,67 @@ fn pin_and_torch_segments_read_their_values_and_refuse_others() {
     let e = cfg(&[("UMP_ALLOC_TORCH_SEGMENTS", "managed")]).unwrap_err();
     assert!(e.msg.contains("expected auto, device"), "{}", e.msg);
 }
+
+#[test]
+fn setting_reads_one_variable_through_its_row() {
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |k: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    // Unset or empty: the row's default; set: the value as typed, trimmed.
+    assert_eq!(
+        setting("UMP_ALLOC_TORCH_ROUTE", env(&[])).unwrap(),
+        "segments"
+    );
+    assert_eq!(
+        setting(
+            "UMP_ALLOC_TORCH_ROUTE",
+            env(&[("UMP_ALLOC_TORCH_ROUTE", "  ")])
+        )
+        .unwrap(),
+        "segments"
+    );
+    assert_eq!(
+        setting(
+            "UMP_ALLOC_TORCH_ROUTE",
+            env(&[("UMP_ALLOC_TORCH_ROUTE", " Swap ")])
+        )
+        .unwrap(),
+        "Swap"
+    );
+    assert_eq!(setting("UMP_ALLOC_DEVICE_VMM", env(&[])).unwrap(), "1");
+    assert_eq!(
+        setting("UMP_ALLOC_NUMPY_ROUTE", env(&[])).unwrap(),
+        "native"
+    );
+    // Another variable's bad value is not this one's business.
+    assert_eq!(
+        setting("UMP_ALLOC_CUPY_ZERO_COPY", env(&[("UMP_ALLOC_LIMIT", "1")])).unwrap(),
+        "0"
+    );
+    // A bad value: the configuration check's own message; an unknown name: refused.
+    for (n, v) in [
+        ("UMP_ALLOC_TORCH_ROUTE", "pluggable"),
+        ("UMP_ALLOC_CUPY_ZERO_COPY", "yes"),
+        ("UMP_ALLOC_NUMPY_ROUTE", "numba"),
+    ] {
+        let pairs: &'static [(&'static str, &'static str)] = Box::leak(Box::new([(n, v)]));
+        let e = setting(n, env(pairs)).unwrap_err();
+        assert_eq!(e.status, crate::error::Status::UMP_ERR_CONFIG);
+        assert_eq!(e.msg, cfg(&[(n, v)]).unwrap_err().msg);
+    }
+    let e = setting("UMP_ALLOC_ROUTE", env(&[])).unwrap_err();
+    assert_eq!(e.status, crate::error::Status::UMP_ERR_INVALID);
+    // Every row's default reads.
+    for v in VARS {
+        let name = v.name.to_str().unwrap();
+        assert_eq!(
+            setting(name, env(&[])).unwrap(),
+            v.default.to_str().unwrap()
+        );
+    }
+}

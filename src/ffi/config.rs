@@ -83,29 +83,77 @@ pub unsafe extern "C" fn ump_config_describe(
                 )
             };
             let text = crate::config::describe(&name, &value, os::memory_available())?;
-            let bytes = text.as_bytes();
-            if bytes.len() >= out_len {
-                return Err(Error::invalid(format!(
-                    "out_len {out_len} is too small for {} bytes and the NUL",
-                    bytes.len()
-                )));
-            }
-            // SAFETY: `out` is writable for `out_len > bytes.len()` bytes (caller's contract).
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.cast::<u8>(), bytes.len() + 1) };
-            dst[..bytes.len()].copy_from_slice(bytes);
-            dst[bytes.len()] = 0;
-            Ok(())
+            // SAFETY: `out` is non-NULL and writable for `out_len` bytes (caller's contract).
+            unsafe { write_text(out, out_len, &text) }
         })();
-        match written {
-            Ok(()) => Status::UMP_OK as c_int,
-            // An invalid value is the answer to the question: reported, not counted.
-            Err(e) if e.status == Status::UMP_ERR_CONFIG => {
-                error::set_last(&format!("{NAME}: {}", e.msg));
-                e.status as c_int
-            }
-            Err(e) => super::fail(NAME, e),
-        }
+        answer(NAME, written)
     })
+}
+
+/// Read variable `name` of the process environment now, through its row of the configuration
+/// table (the reading `ump_config_check` and the first allocation make): writes the value as
+/// typed (trimmed), or the row's default where it is unset or empty, NUL-terminated into `out`.
+/// Returns `UMP_OK`; `UMP_ERR_CONFIG` for a value the row refuses (`ump_last_error()` says
+/// `NAME="value": expected ...`, not counted as an error in `ump_stats`); `UMP_ERR_INVALID` for
+/// a name with no row or an `out_len` too small for the value and its NUL; `UMP_ERR_NULL`.
+/// `out` is written only on success. The Python package reads every `UMP_ALLOC_*` variable it
+/// acts on through this, so that the table is the one reading of the environment.
+///
+/// # Safety
+/// `name` is NULL or a NUL-terminated string; `out` is NULL or writable for `out_len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ump_config_setting(
+    name: *const c_char,
+    out: *mut c_char,
+    out_len: usize,
+) -> c_int {
+    const NAME: &str = "ump_config_setting";
+    guard(NAME, Status::UMP_ERR_INTERNAL as c_int, || {
+        let written = (|| {
+            if name.is_null() || out.is_null() {
+                return Err(Error::new(Status::UMP_ERR_NULL, "an argument is NULL"));
+            }
+            // SAFETY: non-NULL and NUL-terminated by the caller's contract.
+            let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
+            let value = crate::config::setting(&name, |k| std::env::var(k).ok())?;
+            // SAFETY: `out` is non-NULL and writable for `out_len` bytes (caller's contract).
+            unsafe { write_text(out, out_len, &value) }
+        })();
+        answer(NAME, written)
+    })
+}
+
+/// Write `text` and its NUL into `out`, or refuse (writing nothing) where `out_len` is too
+/// small.
+///
+/// # Safety
+/// `out` is non-NULL and writable for `out_len` bytes.
+unsafe fn write_text(out: *mut c_char, out_len: usize, text: &str) -> error::Result<()> {
+    let bytes = text.as_bytes();
+    if bytes.len() >= out_len {
+        return Err(Error::invalid(format!(
+            "out_len {out_len} is too small for {} bytes and the NUL",
+            bytes.len()
+        )));
+    }
+    // SAFETY: `out` is writable for `out_len > bytes.len()` bytes (the caller's contract).
+    let dst = unsafe { std::slice::from_raw_parts_mut(out.cast::<u8>(), bytes.len() + 1) };
+    dst[..bytes.len()].copy_from_slice(bytes);
+    dst[bytes.len()] = 0;
+    Ok(())
+}
+
+/// The status of a configuration question: an invalid value is its answer, reported in
+/// `ump_last_error()` but not counted as an error; other failures are.
+fn answer(name: &str, r: error::Result<()>) -> c_int {
+    match r {
+        Ok(()) => Status::UMP_OK as c_int,
+        Err(e) if e.status == Status::UMP_ERR_CONFIG => {
+            error::set_last(&format!("{name}: {}", e.msg));
+            e.status as c_int
+        }
+        Err(e) => super::fail(name, e),
+    }
 }
 
 /// Request a mode by name ("auto", "system", "managed", "registered", "device", "host") before

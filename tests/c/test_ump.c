@@ -1064,6 +1064,39 @@ static void test_config_describe(void) {
     ump_clear_error();
 }
 
+/* One variable of the environment, read through its row (ump_config_setting). */
+static void test_config_setting(void) {
+    char out[64];
+    uint64_t e0 = ump_error_count();
+    unsetenv("UMP_ALLOC_TORCH_ROUTE");
+    int rc = ump_config_setting("UMP_ALLOC_TORCH_ROUTE", out, sizeof out);
+    CHECK(rc == UMP_OK && strcmp(out, "segments") == 0, "ump_config_setting(TORCH_ROUTE) unset = %d \"%s\"",
+          rc, rc == UMP_OK ? out : "-");
+    setenv("UMP_ALLOC_TORCH_ROUTE", " swap ", 1);
+    rc = ump_config_setting("UMP_ALLOC_TORCH_ROUTE", out, sizeof out);
+    CHECK(rc == UMP_OK && strcmp(out, "swap") == 0, "ump_config_setting(TORCH_ROUTE= swap ) = %d \"%s\"",
+          rc, rc == UMP_OK ? out : "-");
+    /* A refused value: the table's message, outputs untouched, not counted. */
+    setenv("UMP_ALLOC_TORCH_ROUTE", "pluggable", 1);
+    strcpy(out, "sentinel");
+    ump_clear_error();
+    rc = ump_config_setting("UMP_ALLOC_TORCH_ROUTE", out, sizeof out);
+    CHECK(rc == UMP_ERR_CONFIG && strcmp(out, "sentinel") == 0, "ump_config_setting(pluggable) = %d", rc);
+    CHECK(last_err_contains("UMP_ALLOC_TORCH_ROUTE=\"pluggable\"") && last_err_contains("segments or swap"),
+          "ump_config_setting(pluggable): last error %s", last_err_or("NULL"));
+    CHECK(ump_error_count() == e0, "a refused value read counted %" PRIu64 " errors", ump_error_count() - e0);
+    unsetenv("UMP_ALLOC_TORCH_ROUTE");
+    /* Misuse: an unknown name, a buffer too small, NULL. */
+    rc = ump_config_setting("UMP_ALLOC_ROUTE", out, sizeof out);
+    CHECK(rc == UMP_ERR_INVALID && strcmp(out, "sentinel") == 0, "ump_config_setting(UMP_ALLOC_ROUTE) = %d", rc);
+    rc = ump_config_setting("UMP_ALLOC_TORCH_ROUTE", out, 8);
+    CHECK(rc == UMP_ERR_INVALID && strcmp(out, "sentinel") == 0, "ump_config_setting with 8 bytes of room = %d", rc);
+    CHECK(ump_config_setting(NULL, out, sizeof out) == UMP_ERR_NULL, "ump_config_setting(NULL name)");
+    CHECK(ump_config_setting("UMP_ALLOC_TORCH_ROUTE", NULL, sizeof out) == UMP_ERR_NULL,
+          "ump_config_setting(NULL out)");
+    ump_clear_error();
+}
+
 /* ---- 8. CuPy and PyTorch entry points without a GPU ----------------------------------- */
 
 /* ---- transfer plans: a view or a DMA copy (issue 22) ----------------------------------- */
@@ -1846,6 +1879,7 @@ int main(int argc, char **argv) {
         test_identify();        /* 5 */
         test_config_var();
         test_config_describe();
+        test_config_setting();
         test_stats_and_scopes();
         test_gpu_entry_points(); /* 8 */
         test_transfer();
