@@ -25,7 +25,8 @@ server that was started with it, so the probe keeps one server per mode, both st
 the first epoch, and starts each worker from its mode's server.
 
 Prints each epoch (seconds, the workers' time for their samples, wall and CPU, and for
-collation, summed over the epoch's batches) and the median epoch of each mode with their ratio;
+collation, summed over the epoch's batches, and whose memory the workers' samples are and
+whether a worker held a CUDA context) and the median epoch of each mode with their ratio;
 the first epoch of each mode is a warm-up and left out. ``--workers-only`` leaves out the model
 and the GPU (the loop only takes the batches): the workers' side alone, on any machine with
 PyTorch (where no GPU reaches NumPy's memory the host side is plain aligned memory).
@@ -45,6 +46,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Module level, so that spawn and forkserver workers unpickle them: the Dataset carries its
 # samples (a fork worker shares the parent's array, a spawn or forkserver worker gets a copy).
 _mark = {"started": None, "cpu": 0.0}  # in each worker: when it began the batch it is making
+
+
+def _context_active():
+    """Whether this process holds a CUDA primary context on device 0 (what costs a process GPU
+    memory), asked without making one: before ``cuInit`` the driver answers not-initialised."""
+    import ctypes
+
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    return cu.cuDevicePrimaryCtxGetState(0, ctypes.byref(flags), ctypes.byref(active)) == 0 and active.value != 0
 
 
 class DS:
@@ -76,7 +90,10 @@ def collate(batch):
     x, y = default_collate(batch)
     t1 = time.perf_counter()
     samples, samples_cpu, _mark["started"] = t0 - _mark["started"], c0 - _mark["cpu"], None
-    return x, y, samples, samples_cpu, t1 - t0, _mark["kind"]
+    # Whether this worker holds a CUDA context (asked at each batch, after the time is taken:
+    # a context made late shows too).
+    _mark["context"] = _mark.get("context") or _context_active()
+    return x, y, samples, samples_cpu, t1 - t0, _mark["kind"] + ("; CUDA context" if _mark["context"] else "")
 
 
 class WorkerEnv:
