@@ -89,7 +89,7 @@ def test_import_loads_only_the_switch():
     )
     got = json.loads(r.stdout.splitlines()[-1])
     assert got["first"] == ["ump_alloc._config", "ump_alloc._enable", "ump_alloc._hooks", "ump_alloc._lib",
-                            "ump_alloc._library"], got
+                            "ump_alloc._runtime"], got
     assert got["then"], got
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from ._config import config_errors, config_table, unknown_variables
 from ._enable import disable, enable, enabled, handles, is_enabled
 from ._lib import UmpError, last_error, library_path
-from ._library import alignment, block_alignment, clear_error, error_count, get_include, get_libdir, mode, trim, version
+from ._runtime import alignment, block_alignment, clear_error, error_count, get_include, get_libdir, mode, trim, version
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
 if TYPE_CHECKING:

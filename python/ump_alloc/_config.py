@@ -12,7 +12,7 @@ import warnings
 
 from . import _lib
 from ._lib import last_error
-from ._library import clear_error
+from ._runtime import clear_error
 
 
 def init() -> None:

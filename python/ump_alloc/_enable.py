@@ -12,7 +12,7 @@ import warnings
 from . import _hooks, _lib
 from ._config import init, installed
 from ._lib import UmpError, last_error
-from ._library import mode
+from ._runtime import mode
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
 if TYPE_CHECKING:

@@ -74,7 +74,7 @@ def memory_summary() -> str:
     use, the largest free block, fragmentation (1 - largest free / cached), cache hits and
     misses. Per stream, "in use" is what it maps minus what is free in it (block sizes as
     rounded by the pool)."""
-    from ._library import mode
+    from ._runtime import mode
     from ._stats import stats
 
     st = stats()

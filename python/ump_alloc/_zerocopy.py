@@ -116,7 +116,7 @@ def _host_empty(shape, dtype, order="C"):
     """An empty NumPy array for a copy from the GPU: on ump-alloc's host side (pinned memory
     where the mode has it, so the DMA runs at link speed) once ump-alloc is initialised, else
     from NumPy's current allocator."""
-    from ._library import mode
+    from ._runtime import mode
 
     if mode() in ("unset", "host"):
         return np.empty(shape, dtype, order=order)

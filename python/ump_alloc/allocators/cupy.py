@@ -25,7 +25,7 @@ def __getattr__(name: str):
     import cupy
 
     from .. import _cupy, _lib
-    from .._library import mode
+    from .._runtime import mode
 
     _lib.check(_lib.lib().ump_init(), "ump_init")
     if mode() in ("host", "unset"):
