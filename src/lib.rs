@@ -12,8 +12,11 @@
 //!   `UMP_ALLOC_*` variables.
 //! - [`allocator`]: the process-wide state composing the above; [`access`] and [`transfer`]:
 //!   views of memory both sides reach, and when a copy is faster.
+//! - [`integrations`]: the state of each consumer's integration (PyTorch's hooked segment
+//!   slots, NumPy's dispatch handler and the handler it stands in for, CuPy's failed-call flag).
 //! - [`ffi`]: the C contract, one file per consumer (numpy, cupy, torch, scope, access) and
-//!   what they share (config: configuration and errors; query: introspection).
+//!   what they share (config: configuration and errors; query: introspection); it only
+//!   marshals, calling into the layers below.
 //! - [`fork`]: `pthread_atfork` handlers that keep every lock consistent across `fork()`.
 
 pub mod access;
@@ -24,6 +27,7 @@ pub mod error;
 pub mod ffi;
 pub mod fork;
 pub mod host;
+pub mod integrations;
 pub mod migrate;
 pub mod mode;
 pub mod pointer;

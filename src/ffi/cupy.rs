@@ -21,19 +21,14 @@
 use super::{guard, status};
 use crate::allocator;
 use crate::error::{self, Error};
+use crate::integrations::cupy as fast_path;
 use crate::prim::python;
-use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
 /// The `param` of a CuPy `CFunctionAllocator` whose blocks are made for CuPy's current stream
 /// and freed into that stream's pool (needs `ump_cupy_fast_path_init`). `(void *)-2`.
 pub const UMP_CUPY_CURRENT_STREAM: isize = -2;
-
-thread_local! {
-    /// Set when `ump_cupy_malloc` failed on the fast path, for `ump_cupy_allocator` to raise.
-    static FAILED: Cell<bool> = const { Cell::new(false) };
-}
 
 fn is_current_stream(param: *mut c_void) -> bool {
     param as isize == UMP_CUPY_CURRENT_STREAM
@@ -53,7 +48,7 @@ pub extern "C" fn ump_cupy_malloc(
     guard("ump_cupy_malloc", null_mut(), || {
         let stream = if is_current_stream(param) {
             let Some(api) = python::api() else {
-                FAILED.set(true);
+                fast_path::note_failure();
                 error::report(&Error::invalid(
                     "ump_cupy_malloc: UMP_CUPY_CURRENT_STREAM needs ump_cupy_fast_path_init",
                 ));
@@ -63,7 +58,7 @@ pub extern "C" fn ump_cupy_malloc(
             match unsafe { api.cupy_current_stream() } {
                 Some(s) => s,
                 None => {
-                    FAILED.set(true);
+                    fast_path::note_failure();
                     error::report(&Error::invalid(
                         "ump_cupy_malloc: CuPy's get_current_stream_ptr failed",
                     ));
@@ -76,7 +71,7 @@ pub extern "C" fn ump_cupy_malloc(
         match allocator::device_malloc(size, device_id, stream) {
             Ok(p) => p as *mut c_void,
             Err(e) => {
-                FAILED.set(true);
+                fast_path::note_failure();
                 error::report(&e.context("ump_cupy_malloc"));
                 null_mut()
             }
@@ -160,9 +155,9 @@ pub unsafe extern "C" fn ump_cupy_allocator(self_: *mut c_void, size: *mut c_voi
             if malloc.is_null() || raise_oom.is_null() {
                 return null_mut();
             }
-            FAILED.set(false);
+            fast_path::clear_failure();
             let mem = api.call1(malloc, size);
-            if mem.is_null() || !FAILED.get() {
+            if mem.is_null() || !fast_path::failed() {
                 return mem;
             }
             api.decref(mem);
@@ -210,13 +205,13 @@ pub unsafe extern "C" fn ump_cupy_allocator_direct(
             if device.is_null() {
                 return null_mut();
             }
-            FAILED.set(false);
+            fast_path::clear_failure();
             let mem = api.call5(mem_type, [size, param, malloc, free, device]);
             api.decref(device);
             if mem.is_null() {
                 return null_mut();
             }
-            if FAILED.get() {
+            if fast_path::failed() {
                 api.decref(mem);
                 return api.call1(raise_oom, size);
             }

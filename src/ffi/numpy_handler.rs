@@ -19,11 +19,10 @@ use super::guard;
 use super::numpy::{ump_calloc, ump_free, ump_malloc, ump_realloc};
 use crate::allocator;
 use crate::error::{self, Error};
+use crate::integrations::numpy as dispatch;
 use crate::prim::numpy::ump_numpy_allocator;
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr::{null, null_mut};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// NumPy's `PyDataMem_Handler` (NEP 49, version 1): a name (127 bytes, so that the allocator
 /// starts at byte 128), a version and the allocator functions. Same layout as NumPy's struct, so that a pointer to it can go into a capsule named
@@ -79,18 +78,6 @@ static DISPATCH_HANDLER: Static = Static(ump_numpy_handler {
         free: Some(dispatch_free),
     },
 });
-
-/// The handler whose place the dispatch handler takes (NumPy's default), copied once.
-struct Fallback(ump_numpy_allocator);
-// SAFETY: NumPy's handler functions may be called from any thread (they are, by every thread
-// that allocates an array); the context is NumPy's and only passed back to them.
-unsafe impl Sync for Fallback {}
-// SAFETY: as above.
-unsafe impl Send for Fallback {}
-
-static FALLBACK: OnceLock<Fallback> = OnceLock::new();
-/// Whether the dispatch handler allocates new blocks from ump-alloc.
-static DISPATCH_ON: AtomicBool = AtomicBool::new(false);
 
 /// `ump_malloc` with NEP 49's context argument (ignored). NumPy's handler function.
 #[unsafe(no_mangle)]
@@ -163,23 +150,7 @@ pub unsafe extern "C" fn ump_numpy_dispatch_handler(
         }
         // SAFETY: non-NULL, and per this function's contract a live handler.
         let theirs = unsafe { (*fallback).allocator };
-        let refuse = if !theirs.complete() {
-            Some(Error::invalid("the fallback handler lacks a function"))
-        } else if [&HANDLER.0, ours]
-            .iter()
-            .any(|h| h.allocator.addresses()[1..] == theirs.addresses()[1..])
-        {
-            Some(Error::invalid(
-                "the fallback handler is one of ump-alloc's own",
-            ))
-        } else if FALLBACK.get_or_init(|| Fallback(theirs)).0.addresses() != theirs.addresses() {
-            Some(Error::new(
-                crate::Status::UMP_ERR_LOCKED,
-                "the dispatch handler already stands in for another handler",
-            ))
-        } else {
-            None
-        };
+        let refuse = dispatch::stand_in_for(theirs, &[&HANDLER.0.allocator, &ours.allocator]).err();
         match refuse {
             Some(e) => {
                 error::report(&e.context(NAME));
@@ -196,33 +167,21 @@ pub unsafe extern "C" fn ump_numpy_dispatch_handler(
 /// `ump_numpy_dispatch_handler` has set it up.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_numpy_dispatch_set(on: bool) -> c_int {
-    super::status("ump_numpy_dispatch_set", || {
-        if on && FALLBACK.get().is_none() {
-            return Err(Error::invalid(
-                "the dispatch handler is not set up (call ump_numpy_dispatch_handler first)",
-            ));
-        }
-        DISPATCH_ON.store(on, Ordering::Release);
-        Ok(())
-    })
+    super::status("ump_numpy_dispatch_set", || dispatch::set_dispatch(on))
 }
 
 /// Whether the dispatch handler allocates new blocks from ump-alloc now.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_numpy_dispatching() -> bool {
-    DISPATCH_ON.load(Ordering::Acquire)
-}
-
-fn fallback() -> Option<&'static ump_numpy_allocator> {
-    FALLBACK.get().map(|f| &f.0)
+    dispatch::dispatching()
 }
 
 extern "C" fn dispatch_malloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
-    if DISPATCH_ON.load(Ordering::Relaxed) {
+    if dispatch::dispatching_now() {
         return ump_malloc(size);
     }
     guard("ump_alloc_dispatch malloc", null_mut(), || {
-        match fallback() {
+        match dispatch::fallback() {
             // SAFETY: copied from NumPy's live default handler, complete; called where NumPy calls it.
             Some(f) => unsafe { f.malloc(size) },
             None => null_mut(),
@@ -231,11 +190,11 @@ extern "C" fn dispatch_malloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
 }
 
 extern "C" fn dispatch_calloc(_ctx: *mut c_void, nelem: usize, elsize: usize) -> *mut c_void {
-    if DISPATCH_ON.load(Ordering::Relaxed) {
+    if dispatch::dispatching_now() {
         return ump_calloc(nelem, elsize);
     }
     guard("ump_alloc_dispatch calloc", null_mut(), || {
-        match fallback() {
+        match dispatch::fallback() {
             // SAFETY: as in dispatch_malloc.
             Some(f) => unsafe { f.calloc(nelem, elsize) },
             None => null_mut(),
@@ -253,7 +212,7 @@ extern "C" fn dispatch_realloc(_ctx: *mut c_void, ptr: *mut c_void, size: usize)
     guard(
         "ump_alloc_dispatch realloc",
         null_mut(),
-        || match fallback() {
+        || match dispatch::fallback() {
             // SAFETY: as in dispatch_malloc; a block that is not ours came from the fallback.
             Some(f) => unsafe { f.realloc(ptr, size) },
             None => null_mut(),
@@ -269,7 +228,7 @@ extern "C" fn dispatch_free(_ctx: *mut c_void, ptr: *mut c_void, size: usize) {
         return ump_free(ptr, size);
     }
     guard("ump_alloc_dispatch free", (), || {
-        if let Some(f) = fallback() {
+        if let Some(f) = dispatch::fallback() {
             // SAFETY: as in dispatch_realloc.
             unsafe { f.free(ptr, size) }
         }
@@ -279,7 +238,7 @@ extern "C" fn dispatch_free(_ctx: *mut c_void, ptr: *mut c_void, size: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     // A stand-in for NumPy's default handler: libc's allocator, counting its calls.
     static CALLS: AtomicUsize = AtomicUsize::new(0);

@@ -19,13 +19,10 @@
 use super::{guard, path_arg, status};
 use crate::allocator;
 use crate::error::{self, Error, ErrorClass};
-use crate::prim::elf;
-use crate::prim::fork::lock;
+use crate::integrations::torch as segments;
 use crate::prim::torch as cxx;
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Allocate `size` bytes for PyTorch on `device`, to be used on `stream` (a `cudaStream_t`;
 /// NULL is the legacy default stream). On failure returns NULL with a message in
@@ -185,22 +182,24 @@ const CUDA_SUCCESS: c_int = 0;
 const CUDA_ERROR_INVALID_VALUE: c_int = 1;
 const CUDA_ERROR_MEMORY_ALLOCATION: c_int = 2;
 
-/// CUDA's own `cudaMalloc` / `cudaFree` (of the `libcudart` PyTorch links), for what
-/// ump-alloc does not serve. Set before the slots are swapped; never cleared.
-static REAL_MALLOC: AtomicUsize = AtomicUsize::new(0);
-static REAL_FREE: AtomicUsize = AtomicUsize::new(0);
-
-/// The hooked library's slots, while hooked (serialises hooking and unhooking).
-static SLOTS: Mutex<Option<Vec<elf::Slot>>> = Mutex::new(None);
+/// The hooks the segments route puts in `libc10_cuda`'s slots.
+fn hooks() -> segments::Hooks {
+    segments::Hooks {
+        malloc: segment_malloc as CudaMalloc as usize,
+        free: segment_free as CudaFree as usize,
+    }
+}
 
 fn real_malloc() -> CudaMalloc {
-    // SAFETY: set to `libcudart`'s `cudaMalloc` before any slot points at `segment_malloc`.
-    unsafe { std::mem::transmute::<usize, CudaMalloc>(REAL_MALLOC.load(Ordering::Acquire)) }
+    // SAFETY: set to `libcudart`'s `cudaMalloc` (or an interposer's) before any slot points at
+    // `segment_malloc` (`segments::hook_segments`).
+    unsafe { std::mem::transmute::<usize, CudaMalloc>(segments::real_malloc()) }
 }
 
 fn real_free() -> CudaFree {
-    // SAFETY: set to `libcudart`'s `cudaFree` before any slot points at `segment_free`.
-    unsafe { std::mem::transmute::<usize, CudaFree>(REAL_FREE.load(Ordering::Acquire)) }
+    // SAFETY: set to `libcudart`'s `cudaFree` (or an interposer's) before any slot points at
+    // `segment_free`.
+    unsafe { std::mem::transmute::<usize, CudaFree>(segments::real_free()) }
 }
 
 /// PyTorch's `cudaMalloc` on the segments route: a segment from the device side's pools on the
@@ -262,55 +261,6 @@ unsafe extern "C" fn segment_free(ptr: *mut c_void) -> c_int {
     }
 }
 
-/// The function a slot importing `symbol` is swapped to while hooked.
-fn hook_of(symbol: &str) -> usize {
-    if symbol == "cudaFree" {
-        segment_free as CudaFree as usize
-    } else {
-        segment_malloc as CudaMalloc as usize
-    }
-}
-
-fn hook_for(slot: &elf::Slot) -> usize {
-    hook_of(&slot.symbol)
-}
-
-/// The function the hook hands `symbol` on to: what the library's slot resolved to, if it
-/// was resolved and is not the library's own (an interposer such as an `LD_PRELOAD`ed
-/// `cudaMalloc` is chained to, not bypassed); else such an interposer in the global scope;
-/// else the function of the CUDA runtime the library links.
-fn forward_target(imports: &elf::Imports, own: &str, symbol: &str) -> Option<usize> {
-    let foreign =
-        |v: usize| v != 0 && v != hook_of(symbol) && elf::object_of(v).is_some_and(|o| o != own);
-    let bound = imports
-        .slots
-        .iter()
-        .filter(|s| s.symbol == symbol)
-        .map(elf::Slot::get)
-        .find(|&v| foreign(v));
-    let runtime = || {
-        imports
-            .needed
-            .iter()
-            .filter(|n| n.starts_with("libcudart"))
-            .find_map(|n| elf::resolve(n, symbol))
-    };
-    let interposer = || {
-        elf::resolve_global(symbol).filter(|&v| {
-            foreign(v)
-                && elf::object_of(v).is_some_and(|o| {
-                    !std::path::Path::new(&o)
-                        .file_name()
-                        .is_some_and(|f| f.to_string_lossy().starts_with("libcudart"))
-                })
-        })
-    };
-    bound.or_else(interposer).or_else(runtime)
-}
-
-/// Where the hook hands on what ump-alloc does not serve, while hooked (a leaked string).
-static FORWARD: AtomicUsize = AtomicUsize::new(0);
-
 /// Supply PyTorch's segments (the default route): point the `cudaMalloc` and `cudaFree` import
 /// slots of `libc10_cuda` (the path of the `libc10_cuda.so` that `import torch` loaded; it is
 /// not loaded here) at ump-alloc, so that PyTorch's caching allocator maps every new segment
@@ -332,77 +282,7 @@ pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> 
     status("ump_torch_hook_segments", || {
         // SAFETY: NULL or a NUL-terminated string, per the contract.
         let path = unsafe { path_arg(libc10_cuda, "libc10_cuda") }?;
-        let mut slots = lock(&SLOTS);
-        if let Some(v) = slots.as_ref() {
-            if v.iter().all(|s| s.get() == hook_for(s)) {
-                return Ok(());
-            }
-            // Something else wrote the slots since: hook them again from scratch.
-            *slots = None;
-        }
-        allocator::init()?;
-        let imports = elf::imports(path, &["cudaMalloc", "cudaFree"])?;
-        let has = |n: &str| imports.slots.iter().any(|s| s.symbol == n);
-        if !has("cudaMalloc") || !has("cudaFree") {
-            return Err(Error::unsupported(format!(
-                "{} does not call cudaMalloc and cudaFree through import slots (a CUDA runtime \
-                 linked statically?)",
-                imports.path
-            )));
-        }
-        let own = std::fs::canonicalize(&imports.path)
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| imports.path.clone());
-        let (Some(m), Some(f)) = (
-            forward_target(&imports, &own, "cudaMalloc"),
-            forward_target(&imports, &own, "cudaFree"),
-        ) else {
-            return Err(Error::unsupported(format!(
-                "the CUDA runtime {} links ({}) is not loaded or lacks cudaMalloc/cudaFree",
-                imports.path,
-                imports.needed.join(", ")
-            )));
-        };
-        // Slots that may vanish must not be swapped: the library stays loaded from now on.
-        if !elf::keep_loaded(&imports.path) {
-            return Err(Error::unsupported(format!(
-                "{} could not be kept loaded",
-                imports.path
-            )));
-        }
-        REAL_MALLOC.store(m, Ordering::Release);
-        REAL_FREE.store(f, Ordering::Release);
-        let target = elf::object_of(m).unwrap_or_else(|| format!("{m:#x}"));
-        let target = std::ffi::CString::new(target).unwrap_or_default();
-        FORWARD.store(
-            Box::leak(target.into_boxed_c_str()).as_ptr() as usize,
-            Ordering::Release,
-        );
-        // cudaFree first: from then on every segment of ours can be freed, whichever
-        // function made it.
-        let mut done = Vec::new();
-        let order = imports
-            .slots
-            .iter()
-            .filter(|s| s.symbol == "cudaFree")
-            .chain(imports.slots.iter().filter(|s| s.symbol == "cudaMalloc"));
-        for slot in order {
-            // SAFETY: the hook has the C signature of the function the slot imports and lives
-            // as long as this library (which is never unloaded: Python keeps it).
-            match unsafe { elf::swap(slot, hook_for(slot)) } {
-                Ok(_) => done.push(slot.clone()),
-                Err(e) => {
-                    for s in &done {
-                        let real = if s.symbol == "cudaFree" { f } else { m };
-                        // SAFETY: the function the slot forwarded to, back in its slot.
-                        let _ = unsafe { elf::swap(s, real) };
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        *slots = Some(done);
-        Ok(())
+        segments::hook_segments(path, hooks())
     })
 }
 
@@ -414,18 +294,7 @@ pub unsafe extern "C" fn ump_torch_hook_segments(libc10_cuda: *const c_char) -> 
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_torch_unhook_segments() -> c_int {
     status("ump_torch_unhook_segments", || {
-        let mut slots = lock(&SLOTS);
-        if let Some(v) = slots.as_ref() {
-            let real = REAL_MALLOC.load(Ordering::Acquire);
-            for s in v.iter().filter(|s| s.symbol == "cudaMalloc") {
-                if s.get() == hook_for(s) {
-                    // SAFETY: the function cudaMalloc forwarded to, back in its slot.
-                    unsafe { elf::swap(s, real) }?;
-                }
-            }
-            *slots = None;
-        }
-        Ok(())
+        segments::unhook_segments(hooks())
     })
 }
 
@@ -452,9 +321,11 @@ pub unsafe extern "C" fn ump_torch_segment_memory(which: *const c_char) -> c_int
 /// hooked.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_torch_segments_target() -> *const c_char {
-    guard("ump_torch_segments_target", std::ptr::null(), || {
-        FORWARD.load(Ordering::Acquire) as *const c_char
-    })
+    guard(
+        "ump_torch_segments_target",
+        std::ptr::null(),
+        segments::segments_target,
+    )
 }
 
 /// 1 while PyTorch's segments come from ump-alloc (`ump_torch_hook_segments` succeeded and
@@ -462,6 +333,6 @@ pub extern "C" fn ump_torch_segments_target() -> *const c_char {
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_torch_segments_hooked() -> c_int {
     guard("ump_torch_segments_hooked", 0, || {
-        c_int::from(lock(&SLOTS).is_some())
+        c_int::from(segments::segments_hooked())
     })
 }
