@@ -14,22 +14,20 @@ use std::sync::atomic::Ordering;
 /// the next failing call on this thread or `ump_clear_error()`.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_last_error() -> *const c_char {
-    guard("ump_last_error", std::ptr::null(), error::last_ptr)
+    guard("ump_last_error", error::last_ptr)
 }
 
 /// Forget this thread's last error message.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_clear_error() {
-    guard("ump_clear_error", (), error::clear_last)
+    guard("ump_clear_error", error::clear_last)
 }
 
 /// Errors counted since the process started, over all threads (bad frees, double frees, bad
 /// sizes, out-of-memory, configuration errors).
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_error_count() -> u64 {
-    guard("ump_error_count", 0, || {
-        ERRORS.total.load(Ordering::Relaxed)
-    })
+    guard("ump_error_count", || ERRORS.total.load(Ordering::Relaxed))
 }
 
 /// Initialise now: read the `UMP_ALLOC_*` configuration, select the mode, fix mode and
@@ -70,7 +68,7 @@ pub unsafe extern "C" fn ump_config_describe(
     out_len: usize,
 ) -> c_int {
     const NAME: &str = "ump_config_describe";
-    guard(NAME, Status::UMP_ERR_INTERNAL as c_int, || {
+    guard(NAME, || {
         let written = (|| {
             if name.is_null() || value.is_null() || out.is_null() {
                 return Err(Error::new(Status::UMP_ERR_NULL, "an argument is NULL"));
@@ -108,7 +106,7 @@ pub unsafe extern "C" fn ump_config_setting(
     out_len: usize,
 ) -> c_int {
     const NAME: &str = "ump_config_setting";
-    guard(NAME, Status::UMP_ERR_INTERNAL as c_int, || {
+    guard(NAME, || {
         let written = (|| {
             if name.is_null() || out.is_null() {
                 return Err(Error::new(Status::UMP_ERR_NULL, "an argument is NULL"));
@@ -207,7 +205,7 @@ pub unsafe extern "C" fn ump_set_limit(value: *const c_char) -> c_int {
 /// configuration is invalid (see `ump_init`).
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_alignment() -> usize {
-    guard("ump_alignment", 0, || match allocator::get() {
+    guard("ump_alignment", || match allocator::get() {
         Some(a) => a.alignment,
         None => allocator::env_config().map_or(0, |c| c.alignment),
     })
@@ -222,17 +220,15 @@ pub extern "C" fn ump_alignment() -> usize {
 /// (see `ump_init`).
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_block_alignment(size: usize) -> usize {
-    guard(
-        "ump_block_alignment",
-        0,
-        || match allocator::block_alignment(size) {
+    guard("ump_block_alignment", || {
+        match allocator::block_alignment(size) {
             Ok(a) => a,
             Err(e) => {
                 error::report(&e.context("ump_block_alignment"));
                 0
             }
-        },
-    )
+        }
+    })
 }
 
 /// The mode in force, or `UMP_MODE_UNSET` before initialisation. Where the sides chosen at
@@ -241,7 +237,7 @@ pub extern "C" fn ump_block_alignment(size: usize) -> usize {
 /// machine is asked (the CUDA driver is loaded and initialised, about 0.5 s).
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_current_mode() -> ump_mode {
-    guard("ump_current_mode", ump_mode::UMP_MODE_UNSET, || {
+    guard("ump_current_mode", || {
         allocator::get().map_or(ump_mode::UMP_MODE_UNSET, |a| a.mode().to_c())
     })
 }
@@ -253,7 +249,7 @@ pub extern "C" fn ump_current_mode() -> ump_mode {
 /// machine can tell (then `ump_current_mode` asks it).
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_mode_known() -> ump_mode {
-    guard("ump_mode_known", ump_mode::UMP_MODE_UNSET, || {
+    guard("ump_mode_known", || {
         allocator::get()
             .and_then(|a| a.mode_known())
             .map_or(ump_mode::UMP_MODE_UNSET, |m| m.to_c())
@@ -313,5 +309,5 @@ pub unsafe extern "C" fn ump_config_var(
 /// torch's `empty_cache`). Returns the bytes given back.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_trim() -> usize {
-    guard("ump_trim", 0, allocator::trim)
+    guard("ump_trim", allocator::trim)
 }

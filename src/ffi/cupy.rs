@@ -45,7 +45,7 @@ pub extern "C" fn ump_cupy_malloc(
     size: usize,
     device_id: c_int,
 ) -> *mut c_void {
-    guard("ump_cupy_malloc", null_mut(), || {
+    guard("ump_cupy_malloc", || {
         let stream = if is_current_stream(param) {
             let Some(api) = python::api() else {
                 fast_path::note_failure();
@@ -85,7 +85,7 @@ pub extern "C" fn ump_cupy_malloc(
 /// pointer or a double free is ignored and counted.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_cupy_free(param: *mut c_void, ptr: *mut c_void, device_id: c_int) {
-    guard("ump_cupy_free", (), || {
+    guard("ump_cupy_free", || {
         let stream = (!is_current_stream(param)).then_some(param as usize);
         if let Err(e) = allocator::device_free(ptr as usize, device_id, stream) {
             error::report(&e.context("ump_cupy_free"));
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn ump_cupy_fast_path_init(
 /// Called by CPython with the GIL held, after `ump_cupy_fast_path_init`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ump_cupy_allocator(self_: *mut c_void, size: *mut c_void) -> *mut c_void {
-    guard("ump_cupy_allocator", null_mut(), || {
+    guard("ump_cupy_allocator", || {
         let Some(api) = python::api() else {
             return null_mut(); // never installed without the API; CPython reports a SystemError
         };
@@ -184,7 +184,7 @@ pub unsafe extern "C" fn ump_cupy_allocator_direct(
     self_: *mut c_void,
     size: *mut c_void,
 ) -> *mut c_void {
-    guard("ump_cupy_allocator_direct", null_mut(), || {
+    guard("ump_cupy_allocator_direct", || {
         let Some(api) = python::api().filter(|a| a.has_direct()) else {
             return null_mut(); // never installed without the API; CPython reports a SystemError
         };

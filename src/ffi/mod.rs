@@ -33,9 +33,70 @@ fn install_panic_hook() {
     std::panic::set_hook(Box::new(|_| {}));
 }
 
-/// Run `f`; if it panics, record an internal error for `name` and return `on_panic`.
+/// What an entry point returns when its body panicked, decided once per return type (as
+/// rustls-ffi's `PanicOrDefault`): `UMP_ERR_INTERNAL` for a status, NULL for a pointer, 0 for
+/// a count, `false` for a yes/no answer, `UMP_MODE_UNSET` for a mode, nothing for `()`, and
+/// `Err(())` for a hook's internal result (which it turns into its caller's error code).
+pub(crate) trait OnPanic {
+    fn on_panic() -> Self;
+}
+
+impl OnPanic for std::ffi::c_int {
+    fn on_panic() -> Self {
+        Status::UMP_ERR_INTERNAL as std::ffi::c_int
+    }
+}
+
+impl OnPanic for usize {
+    fn on_panic() -> Self {
+        0
+    }
+}
+
+impl OnPanic for u64 {
+    fn on_panic() -> Self {
+        0
+    }
+}
+
+impl OnPanic for bool {
+    fn on_panic() -> Self {
+        false
+    }
+}
+
+impl OnPanic for () {
+    fn on_panic() -> Self {}
+}
+
+impl<T> OnPanic for *mut T {
+    fn on_panic() -> Self {
+        std::ptr::null_mut()
+    }
+}
+
+impl<T> OnPanic for *const T {
+    fn on_panic() -> Self {
+        std::ptr::null()
+    }
+}
+
+impl OnPanic for crate::mode::ump_mode {
+    fn on_panic() -> Self {
+        crate::mode::ump_mode::UMP_MODE_UNSET
+    }
+}
+
+impl<T> OnPanic for std::result::Result<T, ()> {
+    fn on_panic() -> Self {
+        Err(())
+    }
+}
+
+/// Run `f`; if it panics, record an internal error for `name` and return its type's
+/// [`OnPanic`] value.
 #[inline]
-pub(crate) fn guard<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
+pub(crate) fn guard<T: OnPanic>(name: &str, f: impl FnOnce() -> T) -> T {
     if !PANIC_HOOK.is_completed() {
         first_call();
     }
@@ -43,7 +104,7 @@ pub(crate) fn guard<T>(name: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
         Ok(v) => v,
         Err(payload) => {
             panicked(name, payload);
-            on_panic
+            T::on_panic()
         }
     }
 }
@@ -79,14 +140,10 @@ pub(crate) fn fail(name: &str, e: Error) -> std::ffi::c_int {
 
 /// Run a status-returning body inside the boundary.
 pub(crate) fn status(name: &str, f: impl FnOnce() -> crate::error::Result<()>) -> std::ffi::c_int {
-    guard(
-        name,
-        Status::UMP_ERR_INTERNAL as std::ffi::c_int,
-        || match f() {
-            Ok(()) => Status::UMP_OK as std::ffi::c_int,
-            Err(e) => fail(name, e),
-        },
-    )
+    guard(name, || match f() {
+        Ok(()) => Status::UMP_OK as std::ffi::c_int,
+        Err(e) => fail(name, e),
+    })
 }
 
 /// A path argument: NULL refused (`UMP_ERR_NULL`), not UTF-8 refused (`UMP_ERR_INVALID`),
@@ -164,9 +221,9 @@ mod tests {
     fn panics_become_internal_errors() {
         let prev = std::panic::take_hook();
         std::panic::set_hook(Box::new(|_| {}));
-        let r = guard("ump_test", -1, || -> i32 { panic!("boom") });
+        let r = guard("ump_test", || -> std::ffi::c_int { panic!("boom") });
         std::panic::set_hook(prev);
-        assert_eq!(r, -1);
+        assert_eq!(r, Status::UMP_ERR_INTERNAL as std::ffi::c_int);
         let msg = crate::error::last_message().unwrap();
         assert!(msg.contains("ump_test") && msg.contains("boom"), "{msg}");
     }

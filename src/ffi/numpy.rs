@@ -25,14 +25,10 @@ fn out(name: &str, r: crate::error::Result<usize>) -> *mut c_void {
 /// `ump_last_error()`) when memory or the configuration fails.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_malloc(size: usize) -> *mut c_void {
-    guard(
-        "ump_malloc",
-        null_mut(),
-        || match allocator::malloc_cached(size) {
-            Some(p) => p as *mut c_void,
-            None => malloc_full(size),
-        },
-    )
+    guard("ump_malloc", || match allocator::malloc_cached(size) {
+        Some(p) => p as *mut c_void,
+        None => malloc_full(size),
+    })
 }
 
 /// `ump_malloc` past its fast path (kept out of line, so the fast path's frame stays small).
@@ -46,7 +42,7 @@ fn malloc_full(size: usize) -> *mut c_void {
 /// product overflows or memory fails.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_calloc(nelem: usize, elsize: usize) -> *mut c_void {
-    guard("ump_calloc", null_mut(), || {
+    guard("ump_calloc", || {
         out("ump_calloc", allocator::calloc(nelem, elsize))
     })
 }
@@ -59,14 +55,12 @@ pub extern "C" fn ump_calloc(nelem: usize, elsize: usize) -> *mut c_void {
 /// in place but moves, and is held back while such a child lives.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_realloc(ptr: *mut c_void, new_size: usize) -> *mut c_void {
-    guard(
-        "ump_realloc",
-        null_mut(),
-        || match allocator::realloc_cached(ptr as usize, new_size) {
+    guard("ump_realloc", || {
+        match allocator::realloc_cached(ptr as usize, new_size) {
             Some(p) => p as *mut c_void,
             None => realloc_full(ptr as usize, new_size),
-        },
-    )
+        }
+    })
 }
 
 /// `ump_realloc` past its fast path (out of line, as `malloc_full`).
@@ -81,7 +75,7 @@ fn realloc_full(ptr: usize, new_size: usize) -> *mut c_void {
 /// is ignored, counted, and described by `ump_last_error()`; nothing is corrupted.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_free(ptr: *mut c_void, size: usize) {
-    guard("ump_free", (), || {
+    guard("ump_free", || {
         let _ = size;
         match allocator::free_cached(ptr as usize) {
             Some(Ok(())) => {}

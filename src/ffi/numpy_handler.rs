@@ -137,7 +137,7 @@ pub unsafe extern "C" fn ump_numpy_dispatch_handler(
     fallback: *const ump_numpy_handler,
 ) -> *const ump_numpy_handler {
     const NAME: &str = "ump_numpy_dispatch_handler";
-    guard(NAME, null(), || {
+    guard(NAME, || {
         let ours = &DISPATCH_HANDLER.0;
         if fallback.is_null() {
             error::report(
@@ -180,7 +180,7 @@ extern "C" fn dispatch_malloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
     if dispatch::dispatching_now() {
         return ump_malloc(size);
     }
-    guard("ump_alloc_dispatch malloc", null_mut(), || {
+    guard("ump_alloc_dispatch malloc", || {
         match dispatch::fallback() {
             // SAFETY: copied from NumPy's live default handler, complete; called where NumPy calls it.
             Some(f) => unsafe { f.malloc(size) },
@@ -193,7 +193,7 @@ extern "C" fn dispatch_calloc(_ctx: *mut c_void, nelem: usize, elsize: usize) ->
     if dispatch::dispatching_now() {
         return ump_calloc(nelem, elsize);
     }
-    guard("ump_alloc_dispatch calloc", null_mut(), || {
+    guard("ump_alloc_dispatch calloc", || {
         match dispatch::fallback() {
             // SAFETY: as in dispatch_malloc.
             Some(f) => unsafe { f.calloc(nelem, elsize) },
@@ -209,15 +209,13 @@ extern "C" fn dispatch_realloc(_ctx: *mut c_void, ptr: *mut c_void, size: usize)
     if allocator::owns(ptr as usize) {
         return ump_realloc(ptr, size);
     }
-    guard(
-        "ump_alloc_dispatch realloc",
-        null_mut(),
-        || match dispatch::fallback() {
+    guard("ump_alloc_dispatch realloc", || {
+        match dispatch::fallback() {
             // SAFETY: as in dispatch_malloc; a block that is not ours came from the fallback.
             Some(f) => unsafe { f.realloc(ptr, size) },
             None => null_mut(),
-        },
-    )
+        }
+    })
 }
 
 extern "C" fn dispatch_free(_ctx: *mut c_void, ptr: *mut c_void, size: usize) {
@@ -227,7 +225,7 @@ extern "C" fn dispatch_free(_ctx: *mut c_void, ptr: *mut c_void, size: usize) {
     if allocator::owns(ptr as usize) {
         return ump_free(ptr, size);
     }
-    guard("ump_alloc_dispatch free", (), || {
+    guard("ump_alloc_dispatch free", || {
         if let Some(f) = dispatch::fallback() {
             // SAFETY: as in dispatch_realloc.
             unsafe { f.free(ptr, size) }

@@ -149,9 +149,9 @@ pub unsafe extern "C" fn ump_capabilities(out: *mut ump_capabilities) -> c_int {
 /// the driver.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_owns(ptr: *const c_void) -> c_int {
-    guard("ump_owns", 0, || {
-        c_int::from(crate::pointer::is_block_start(ptr as usize))
-    })
+    c_int::from(guard("ump_owns", || {
+        crate::pointer::is_block_start(ptr as usize)
+    }))
 }
 
 /// Tell what `ptr` is: whether it lies in a live block of ours (any address inside the block,
@@ -210,11 +210,11 @@ pub extern "C" fn ump_reset_peak() -> c_int {
 /// context was made for it), or a host side that is not pinned memory.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_host_pinned() -> c_int {
-    guard("ump_host_pinned", 0, || {
+    c_int::from(guard("ump_host_pinned", || {
         let pinned_side = crate::allocator::get()
             .is_some_and(|a| a.host_pool().kind() == crate::backing::Kind::UMP_KIND_REGISTERED);
-        c_int::from(pinned_side && crate::backing::host_pinning_active())
-    })
+        pinned_side && crate::backing::host_pinning_active()
+    }))
 }
 
 /// The program is about to hand host memory to GPU `device` (-1: the device current on this
@@ -287,7 +287,7 @@ pub const UMP_POOL_STAT_VERSION: u32 = 3;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ump_pool_stat(index: usize, out: *mut ump_pool_stat) -> c_int {
     const NAME: &str = "ump_pool_stat";
-    guard(NAME, Status::UMP_ERR_INTERNAL as c_int, || {
+    guard(NAME, || {
         if out.is_null() {
             return super::fail(NAME, Error::new(Status::UMP_ERR_NULL, "out is NULL"));
         }

@@ -112,7 +112,5 @@ pub extern "C" fn ump_scope_keep(ptr: *const c_void) -> c_int {
 /// Scopes open on the calling thread.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_scope_depth() -> c_int {
-    guard("ump_scope_depth", 0, || {
-        c_int::try_from(scope::depth()).unwrap_or(c_int::MAX)
-    })
+    c_int::try_from(guard("ump_scope_depth", scope::depth)).unwrap_or(c_int::MAX)
 }

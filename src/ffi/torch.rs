@@ -38,10 +38,8 @@ pub extern "C-unwind" fn ump_torch_malloc(
     stream: *mut c_void,
 ) -> *mut c_void {
     let mut failure: Option<(String, bool)> = None;
-    let p = guard(
-        "ump_torch_malloc",
-        null_mut(),
-        || match allocator::device_malloc(size, device, stream as usize) {
+    let p = guard("ump_torch_malloc", || {
+        match allocator::device_malloc(size, device, stream as usize) {
             Ok(p) => p as *mut c_void,
             Err(e) => {
                 let e = e.context("ump_torch_malloc");
@@ -52,8 +50,8 @@ pub extern "C-unwind" fn ump_torch_malloc(
                 }
                 null_mut()
             }
-        },
-    );
+        }
+    });
     if let Some((msg, oom)) = failure {
         // Outside the panic boundary, in a `C-unwind` function PyTorch called.
         // SAFETY: attached: PyTorch's allocator calls this function from C++ that expects
@@ -75,7 +73,7 @@ pub extern "C" fn ump_torch_free(
     stream: *mut c_void,
 ) {
     let _ = size;
-    guard("ump_torch_free", (), || {
+    guard("ump_torch_free", || {
         if let Err(e) = allocator::device_free(ptr as usize, device, Some(stream as usize)) {
             error::report(&e.context("ump_torch_free"));
         }
@@ -102,7 +100,7 @@ pub extern "C" fn ump_torch_record_stream(ptr: *mut c_void, stream: *mut c_void)
 /// `ump_torch_record_stream`. Returns the bytes given back.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_torch_empty_cache() -> usize {
-    guard("ump_torch_empty_cache", 0, allocator::device_trim)
+    guard("ump_torch_empty_cache", allocator::device_trim)
 }
 
 /// Limit the device side on `device` to `fraction` (in (0, 1]) of the device's memory, as
@@ -129,7 +127,7 @@ fn hook_memory_fraction(fraction: f64, device: i32) {
 }
 
 fn hook_init(_device_count: i32) {
-    guard("ump_torch_attach: init", (), || {
+    guard("ump_torch_attach: init", || {
         if let Err(e) = allocator::init() {
             error::report(&e);
         }
@@ -217,7 +215,6 @@ unsafe extern "C" fn segment_malloc(out: *mut *mut c_void, size: usize) -> c_int
     }
     let r = guard(
         "cudaMalloc (PyTorch segment)",
-        Err(()),
         || match allocator::segment_malloc(size) {
             Ok(Some(p)) => Ok(Some(p)),
             Ok(None) => Ok(None),
@@ -248,7 +245,7 @@ unsafe extern "C" fn segment_free(ptr: *mut c_void) -> c_int {
         // SAFETY: CUDA's own function.
         return unsafe { real_free()(ptr) };
     }
-    let r = guard("cudaFree (PyTorch segment)", Err(()), || {
+    let r = guard("cudaFree (PyTorch segment)", || {
         allocator::segment_free(ptr as usize).map_err(|e| {
             error::report(&e.context("cudaFree (PyTorch segment)"));
         })
@@ -321,18 +318,15 @@ pub unsafe extern "C" fn ump_torch_segment_memory(which: *const c_char) -> c_int
 /// hooked.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_torch_segments_target() -> *const c_char {
-    guard(
-        "ump_torch_segments_target",
-        std::ptr::null(),
-        segments::segments_target,
-    )
+    guard("ump_torch_segments_target", segments::segments_target)
 }
 
 /// 1 while PyTorch's segments come from ump-alloc (`ump_torch_hook_segments` succeeded and
 /// `ump_torch_unhook_segments` was not called since), else 0.
 #[unsafe(no_mangle)]
 pub extern "C" fn ump_torch_segments_hooked() -> c_int {
-    guard("ump_torch_segments_hooked", 0, || {
-        c_int::from(segments::segments_hooked())
-    })
+    c_int::from(guard(
+        "ump_torch_segments_hooked",
+        segments::segments_hooked,
+    ))
 }
