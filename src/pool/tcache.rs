@@ -17,21 +17,39 @@
 //! membarrier both sides use a `SeqCst` fence. An owner that sees `req` leaves at once and uses
 //! the class lists directly; a reclaimer waits until `busy` is false and then owns the bins
 //! until it clears `req`. Reclaimers are serialised by the list's lock.
+//!
+//! This file holds the cache itself, the owner's side of the handshake and the fast path
+//! (`pop`, `push`, `alloc_primary`, `note_resize`). Its parts: `refill` (making a thread's
+//! cache, how much a refill takes and stashing it), `reclaim` (the reclaimer's side: emptying
+//! caches of other threads, and reading their statistics), `dead` (giving back cached slots
+//! of slabs with no live block) and `fork` (the caches around `fork()`).
 
 use super::Pool;
-use super::slab::{Slab, Slot};
+use super::slab::Slot;
 use crate::prim::fork::lock;
-use crate::prim::os;
 use std::cell::{Cell, UnsafeCell};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, compiler_fence, fence};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, compiler_fence, fence};
+
+mod dead;
+mod fork;
+mod reclaim;
+mod refill;
+
+pub(crate) use dead::release_dead;
+pub(super) use dead::take_slab;
+pub(crate) use fork::{fork_child, fork_parent, fork_prepare};
+use reclaim::drain;
+pub use reclaim::flush_thread_counts;
+pub(crate) use reclaim::{cached_bytes, reclaim, register_membarrier_if_alone};
+#[cfg(test)]
+pub(super) use refill::max_bytes;
+pub(super) use refill::{ensure, fill, stash};
 
 /// Slots a thread keeps per class at most.
 pub(super) const CAP: usize = 64;
 /// Bytes a thread keeps per class at most (the largest classes keep one slot).
 pub(super) const CLASS_BYTES: usize = 64 << 10;
-/// Slots a refill takes from a class at once for the cache, at most.
-const BATCH: usize = 32;
 /// Operations counted locally before they are added to the pool's counters.
 const COUNT_FLUSH: u64 = 256;
 /// Bytes of `in_use` change kept locally before they are added to the pool's counter (so a
@@ -346,392 +364,4 @@ fn take_oldest_half(slots: &mut Vec<Slot>) -> Vec<Slot> {
 #[inline(never)]
 fn spill(pool: &'static Pool, ci: usize, old: Vec<Slot>) {
     pool.return_slots(ci, old);
-}
-
-/// How many slots of class `ci` a refill should take for this thread's cache (0: none).
-pub(super) fn fill(pool: &'static Pool, ci: usize) -> usize {
-    if mine(pool).is_none() {
-        return 0;
-    }
-    let cap = caps_for(pool, ci);
-    (cap / 2).min(BATCH)
-}
-
-/// Put `slots` (of class `ci`, fresh from a refill) into this thread's cache. Returns those
-/// that did not fit.
-pub(super) fn stash(pool: &'static Pool, ci: usize, mut slots: Vec<Slot>) -> Vec<Slot> {
-    let Some(c) = mine(pool) else {
-        return slots;
-    };
-    if slots.is_empty() || !c.enter() {
-        return slots;
-    }
-    // SAFETY: inside our busy window.
-    let inner = unsafe { c.inner() };
-    let bin = &mut inner.bins[ci];
-    let n = bin.cap.saturating_sub(bin.slots.len()).min(slots.len());
-    bin.slots.extend(slots.drain(slots.len() - n..));
-    inner.bytes += n * bin.size;
-    inner.fresh = true;
-    c.bytes.store(inner.bytes, Ordering::Relaxed);
-    c.leave();
-    slots
-}
-
-fn caps_for(pool: &Pool, ci: usize) -> usize {
-    (CLASS_BYTES / pool.table.sizes[ci]).clamp(1, CAP)
-}
-
-/// The most bytes one thread's cache for `pool` can hold.
-#[cfg(test)]
-pub(super) fn max_bytes(pool: &Pool) -> usize {
-    (0..pool.table.len())
-        .map(|ci| caps_for(pool, ci) * pool.table.sizes[ci])
-        .sum()
-}
-
-/// Make this thread's cache for `pool` if it has none. Only the host pool (not stream-ordered)
-/// caches, and a thread has one cache. Returns whether this thread caches for `pool`.
-pub(super) fn ensure(pool: &'static Pool) -> bool {
-    let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
-    if p == GONE {
-        return false;
-    }
-    if p != 0 {
-        // SAFETY: this thread's live cache.
-        return std::ptr::eq(unsafe { &*(p as *const Cache) }.owner, pool);
-    }
-    if pool.is_stream_ordered() {
-        return false;
-    }
-    // Register the destructor first: if the thread is already past its TLS destructors, the
-    // guard is gone and no cache is made.
-    if TC_GUARD.try_with(|_| ()).is_err() {
-        return false;
-    }
-    probe_membarrier();
-    let cache = Box::new(Cache {
-        owner: pool,
-        primary: pool.is_host_primary(),
-        busy: AtomicBool::new(false),
-        req: AtomicBool::new(false),
-        bytes: AtomicUsize::new(0),
-        inner: UnsafeCell::new(Inner {
-            // Room for the cap and one more: no allocation inside a busy window.
-            bins: (0..pool.table.len())
-                .map(|ci| {
-                    let cap = caps_for(pool, ci);
-                    Bin {
-                        slots: Vec::with_capacity(cap + 1),
-                        cap,
-                        size: pool.table.sizes[ci],
-                    }
-                })
-                .collect(),
-            bytes: 0,
-            allocs: 0,
-            frees: 0,
-            reallocs: 0,
-            ops_left: COUNT_FLUSH as u32,
-            in_use: 0,
-            fresh: false,
-        }),
-    });
-    let addr = Box::into_raw(cache) as usize;
-    caches().push(addr);
-    let _ = TC.try_with(|c| c.set(addr));
-    true
-}
-
-/// At the library's load: register for membarrier now if the process has a single thread,
-/// where registering is cheap. With several threads the kernel waits for an RCU grace period
-/// (`synchronize_rcu`): 5-24 ms at the first allocation on the 2-core CPU box. A C program
-/// that links the library, or a process that loads it first thing, pays nothing then; the
-/// Python hook registers before NumPy's import for the same reason.
-pub(crate) fn register_membarrier_if_alone() {
-    if crate::prim::os::thread_count() == Some(1) {
-        probe_membarrier();
-    }
-}
-
-fn probe_membarrier() {
-    if !ASYM_PROBED.swap(true, Ordering::AcqRel) {
-        ASYM.store(os::membarrier_register(), Ordering::Release);
-    }
-}
-
-/// The heavy side of the handshake.
-fn heavy_barrier() {
-    if !(ASYM.load(Ordering::Acquire) && os::membarrier()) {
-        fence(Ordering::SeqCst);
-    }
-}
-
-/// Take the bins of `c` away from its owner: after this, until `req` is cleared, the owner
-/// does not touch them. The caller holds the list lock.
-fn quiesce(c: &Cache) {
-    c.req.store(true, Ordering::Relaxed);
-    heavy_barrier();
-    wait_idle(c);
-}
-
-/// The rest of the handshake, once `req` is stored and a barrier ran: wait until the owner is
-/// outside its busy window.
-fn wait_idle(c: &Cache) {
-    let mut spins = 0u32;
-    while c.busy.load(Ordering::Acquire) {
-        spins += 1;
-        if spins < 128 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
-}
-
-/// Give every slot of `c` back to its slabs and publish its counts. The caller holds the bins.
-fn drain(c: &Cache) {
-    // SAFETY: the caller holds the bins (handshake done, or the owner at thread exit).
-    let inner = unsafe { c.inner() };
-    c.flush_counts(inner);
-    for (ci, bin) in inner.bins.iter_mut().enumerate() {
-        if !bin.slots.is_empty() {
-            c.owner.return_slots(ci, bin.slots.drain(..));
-        }
-    }
-    inner.bytes = 0;
-    c.bytes.store(0, Ordering::Relaxed);
-}
-
-/// Empty the caches of every thread that caches for `pool` (all pools: None), idle threads
-/// included. Returns the bytes of slots given back.
-pub(crate) fn reclaim(pool: Option<&'static Pool>) -> usize {
-    let list = caches();
-    let mut bytes = 0;
-    for &addr in list.iter() {
-        // SAFETY: caches in the list are live (their owner removes them under the lock first).
-        let c = unsafe { &*(addr as *const Cache) };
-        if pool.is_some_and(|p| !std::ptr::eq(p, c.owner)) {
-            continue;
-        }
-        quiesce(c);
-        bytes += c.bytes.load(Ordering::Relaxed);
-        drain(c);
-        c.req.store(false, Ordering::Release);
-    }
-    bytes
-}
-
-// ---- slots that pin memory the pool would give back ---------------------------------------
-//
-// A cached slot keeps its slab in use, and the slab its chunk. When the pool holds more free
-// memory than its `retain` allows and cannot give any back, slots cached for slabs that hold
-// no live block any more (by the slab's hint) go back to their slabs: then the slabs, and
-// their chunks, can go back too. The freeing thread's own cache at once (`free_small` for the
-// slab it just emptied, `release_dead` after a large free); other threads' caches, which
-// their owners may never touch again, at most every `DEAD_RECLAIM_MS`.
-
-/// How often the caches of other threads are searched for such slots, at most (one
-/// `membarrier` for all of them each time).
-const DEAD_RECLAIM_MS: u64 = 10;
-/// When they last were (milliseconds since `EPOCH`; 0: never).
-static DEAD_RECLAIMED: AtomicU64 = AtomicU64::new(0);
-
-/// Take this thread's cached slots of `slab` (class `ci` of `pool`) out of its cache.
-pub(super) fn take_slab(pool: &'static Pool, ci: usize, slab: &'static Slab) -> Vec<Slot> {
-    let Some(c) = mine(pool) else {
-        return Vec::new();
-    };
-    if !c.enter() {
-        return Vec::new();
-    }
-    // SAFETY: inside our busy window.
-    let inner = unsafe { c.inner() };
-    let bin = &mut inner.bins[ci];
-    let mut taken = Vec::new();
-    bin.slots.retain(|&(s, i)| {
-        let mine = std::ptr::eq(s, slab);
-        if mine {
-            taken.push((s, i));
-        }
-        !mine
-    });
-    inner.bytes -= taken.len() * bin.size;
-    c.bytes.store(inner.bytes, Ordering::Relaxed);
-    c.leave();
-    taken
-}
-
-/// The slots of `c`'s bins whose slab holds no live block, taken out. The caller holds the
-/// bins (a busy window, or the handshake).
-fn take_dead(c: &Cache) -> Vec<(usize, Vec<Slot>)> {
-    // SAFETY: forwarded from the caller.
-    let inner = unsafe { c.inner() };
-    inner.fresh = false;
-    let mut out = Vec::new();
-    for (ci, bin) in inner.bins.iter_mut().enumerate() {
-        // One look at each slot's hint (other threads change it meanwhile): a slot is either
-        // taken or kept, never both.
-        let mut dead = Vec::new();
-        bin.slots.retain(|&s| {
-            let d = s.0.maybe_dead();
-            if d {
-                dead.push(s);
-            }
-            !d
-        });
-        if !dead.is_empty() {
-            inner.bytes -= dead.len() * bin.size;
-            out.push((ci, dead));
-        }
-    }
-    c.bytes.store(inner.bytes, Ordering::Relaxed);
-    out
-}
-
-/// `pool` holds more free memory than its `retain` allows and could give none back: slots
-/// cached for slabs with no live block go back to their slabs, this thread's at once, other
-/// threads' at most every `DEAD_RECLAIM_MS`. The caller holds no lock of `pool`.
-#[cold]
-pub(crate) fn release_dead(pool: &'static Pool) {
-    if let Some(c) = mine(pool) {
-        let dead = if c.enter() {
-            // SAFETY: inside our busy window.
-            let fresh = unsafe { c.inner() }.fresh;
-            let d = if fresh { take_dead(c) } else { Vec::new() };
-            c.leave();
-            d
-        } else {
-            Vec::new()
-        };
-        for (ci, slots) in dead {
-            pool.return_slots(ci, slots);
-        }
-    }
-    if !pool.over_retain() {
-        return;
-    }
-    let now = super::epoch_ms(std::time::Instant::now());
-    let last = DEAD_RECLAIMED.load(Ordering::Relaxed);
-    if last != 0 && now < last + DEAD_RECLAIM_MS
-        || DEAD_RECLAIMED
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-    {
-        return;
-    }
-    let own = TC.try_with(|c| c.get()).unwrap_or(0);
-    let list = caches();
-    let others: Vec<&Cache> = list
-        .iter()
-        .filter(|&&addr| addr != own)
-        // SAFETY: caches in the list are live (their owner removes them under the lock first).
-        .map(|&addr| unsafe { &*(addr as *const Cache) })
-        .filter(|c| std::ptr::eq(c.owner, pool) && c.bytes.load(Ordering::Relaxed) > 0)
-        .collect();
-    // One handshake for all of them: every request first, then one barrier.
-    for c in &others {
-        c.req.store(true, Ordering::Relaxed);
-    }
-    if !others.is_empty() {
-        heavy_barrier();
-    }
-    let mut dead = Vec::new();
-    for c in others {
-        wait_idle(c);
-        dead.extend(take_dead(c));
-        c.req.store(false, Ordering::Release);
-    }
-    drop(list);
-    for (ci, slots) in dead {
-        pool.return_slots(ci, slots);
-    }
-}
-
-/// Bytes held in the caches of every thread for `pool`.
-pub(crate) fn cached_bytes(pool: &'static Pool) -> usize {
-    let list = caches();
-    list.iter()
-        // SAFETY: caches in the list are live.
-        .map(|&a| unsafe { &*(a as *const Cache) })
-        .filter(|c| std::ptr::eq(c.owner, pool))
-        .map(|c| c.bytes.load(Ordering::Relaxed))
-        .sum()
-}
-
-/// Publish the calling thread's cached operation counts and bytes in use to its pool's
-/// statistics.
-pub fn flush_thread_counts() {
-    let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
-    if p <= GONE {
-        return;
-    }
-    // SAFETY: this thread's live cache.
-    let c = unsafe { &*(p as *const Cache) };
-    if c.enter() {
-        // SAFETY: inside our busy window.
-        c.flush_counts(unsafe { c.inner() });
-        c.leave();
-    }
-}
-
-// ---- fork ---------------------------------------------------------------------------------
-
-/// Before `fork()`: hold the list and quiesce every cache, so that no thread is inside a busy
-/// window when the process is copied.
-pub(crate) fn fork_prepare(held: &mut crate::prim::fork::Held) {
-    let list = caches();
-    for &addr in list.iter() {
-        // SAFETY: live caches (the list lock is held).
-        quiesce(unsafe { &*(addr as *const Cache) });
-    }
-    FORK_SNAPSHOT.with(|v| *v.borrow_mut() = list.clone());
-    held.push(list);
-}
-
-/// In the parent after `fork()` (the list lock still held by the caller's guards): give every
-/// cache back to its owner.
-pub(crate) fn fork_parent() {
-    for_each_listed(|c| c.req.store(false, Ordering::Release));
-}
-
-/// In the child after `fork()`, once every allocator lock is released: the other threads do
-/// not exist here, so their caches go back to the pools; this thread keeps its own.
-pub(crate) fn fork_child() {
-    if ASYM.load(Ordering::Relaxed) {
-        // The registration belongs to the parent's address space.
-        ASYM.store(os::membarrier_register(), Ordering::Release);
-    }
-    FORK_SNAPSHOT.with(|v| v.borrow_mut().clear());
-    let own = TC.try_with(|c| c.get()).unwrap_or(0);
-    let mut list = caches();
-    let dead: Vec<usize> = list.iter().copied().filter(|&a| a != own).collect();
-    list.retain(|&a| a == own);
-    drop(list);
-    for addr in dead {
-        // SAFETY: the owner thread does not exist in the child, the cache was quiesced before
-        // the fork, and it is out of the list: nothing else can reach it.
-        let c = unsafe { Box::from_raw(addr as *mut Cache) };
-        drain(&c);
-    }
-    if own > GONE {
-        // SAFETY: this thread's live cache.
-        unsafe { &*(own as *const Cache) }
-            .req
-            .store(false, Ordering::Release);
-    }
-}
-
-fn for_each_listed(f: impl Fn(&Cache)) {
-    // The list lock is held by this thread's fork guards: read the snapshot taken with it.
-    let list = FORK_SNAPSHOT.with(|v| std::mem::take(&mut *v.borrow_mut()));
-    for addr in list {
-        // SAFETY: the list lock has been held since the snapshot, so every cache is live.
-        f(unsafe { &*(addr as *const Cache) });
-    }
-}
-
-thread_local! {
-    /// The cache list as `fork_prepare` saw it (the forking thread's copy).
-    static FORK_SNAPSHOT: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
 }
