@@ -272,3 +272,25 @@ def test_pytorch_is_pinned_no_context(pin, expect):
     assert lines.get("child", "").startswith(expect), r.stdout
     if expect == "1.0":
         assert lines.get("initialized") == "False", r.stdout
+
+
+NO_CUDA = textwrap.dedent(
+    r"""
+    import ctypes, json
+    import ump_alloc
+    standin = ctypes.CDLL("libcuda.so.1")
+    standin.standin_inits.restype = ctypes.c_long
+    caps = ump_alloc.capabilities()
+    print(json.dumps({"inits": standin.standin_inits(), "devices": caps["device_count"]}))
+    """
+)
+
+
+@pytest.mark.parametrize("value, driver", [("1", False), ("0", True), ("", True)])
+def test_no_cuda_is_read_through_the_configuration_table(standin, value, driver):
+    """``UMP_ALLOC_NO_CUDA=1`` keeps the driver unloaded even where one is installed (the
+    stand-in here): the CUDA layer asks the configuration table's reading of it. Controls:
+    ``0`` and empty (read as unset) load it (capabilities() asks the driver)."""
+    env = stand_in_env(standin, UMP_ALLOC_NO_CUDA=value)
+    out = json.loads(run_python(NO_CUDA, env=env).stdout.strip().splitlines()[-1])
+    assert (out["inits"] == 1 and out["devices"] == 1) if driver else (out["inits"] == 0 and out["devices"] == 0), out

@@ -52,10 +52,11 @@ impl Var {
 }
 
 /// Every environment variable ump-alloc reads, in the order `info` shows them and the
-/// environment is validated in. Rows used only by the Python package are listed too, so that
-/// `info` shows the whole picture in one place; the switches read elsewhere (`UMP_ALLOC` by the
-/// Python start-up hook, `UMP_ALLOC_NO_CUDA` by the CUDA probe) are validated here too, so that
-/// a value such as "true" or "2" stops the program instead of being ignored.
+/// environment is validated in. Rows the Python package acts on are listed too (it reads them
+/// through [`setting`]), so that `info` shows the whole picture in one place; `UMP_ALLOC_NO_CUDA`
+/// is read through [`no_cuda_in_env`] whenever the CUDA layer would load the driver, and
+/// `UMP_ALLOC` (read by the Python start-up hook before the library loads) is validated here
+/// too, so that a value such as "true" or "2" stops the program instead of being ignored.
 pub const VARS: &[Var] = &[
     Var {
         name: c"UMP_ALLOC",
@@ -411,6 +412,13 @@ pub fn setting(name: &str, get: impl Fn(&str) -> Option<String>) -> Result<Strin
     (var.read)(&mut Config::unread(), &value)
         .map_err(|e| Error::config(format!("{name}={value:?}: {e}")))?;
     Ok(value)
+}
+
+/// Whether `UMP_ALLOC_NO_CUDA` in the process environment says to behave as if no CUDA driver
+/// were installed: read through its row now (a value the row refuses reads as no; the
+/// configuration check reports it). The CUDA layer asks this before it loads the driver.
+pub fn no_cuda_in_env() -> bool {
+    setting("UMP_ALLOC_NO_CUDA", |k| std::env::var(k).ok()).is_ok_and(|v| v == "1")
 }
 
 /// A switch, for people: "1 (on)" or "0 (off)".

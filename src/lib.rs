@@ -43,9 +43,10 @@ pub use error::{Error, Result, Status};
 pub use mode::Mode;
 
 /// Runs when the library is loaded (before any allocation and before any other thread can
-/// use it): the fork handlers are registered here, and membarrier where it is cheap (a
-/// process of one thread).
+/// use it): the CUDA layer is given the configuration's reading of `UMP_ALLOC_NO_CUDA`, the
+/// fork handlers are registered, and membarrier where it is cheap (a process of one thread).
 extern "C" fn on_load() {
+    prim::cuda::set_disabled_check(config::no_cuda_in_env);
     fork::install();
     pool::register_membarrier_if_alone();
 }

@@ -158,9 +158,19 @@ pub(crate) fn fork_lock_load(held: &mut crate::prim::fork::Held) {
     held.push(lock(&LOAD));
 }
 
+/// Whether the configuration says to behave as if no CUDA driver were installed
+/// (`UMP_ALLOC_NO_CUDA=1`), asked each time the driver would be loaded. The crate root sets it
+/// when the library loads, to the configuration table's reading of the variable: this layer
+/// reads no setting itself. Unset (never, outside this crate's unit tests), the driver loads.
+static DISABLED: OnceLock<fn() -> bool> = OnceLock::new();
+
+/// Set the question [`DISABLED`] asks (once; later calls change nothing).
+pub fn set_disabled_check(check: fn() -> bool) {
+    let _ = DISABLED.set(check);
+}
+
 fn open_driver() -> std::result::Result<Driver, String> {
-    if std::env::var_os("UMP_ALLOC_NO_CUDA").is_some_and(|v| v.to_str().map(str::trim) == Some("1"))
-    {
+    if DISABLED.get().is_some_and(|disabled| disabled()) {
         return Err("UMP_ALLOC_NO_CUDA=1".into());
     }
     let mut tried = Vec::new();
