@@ -4,6 +4,7 @@
 use super::{block_at, deferred_twice, get, instance};
 use crate::error::{Error, Result};
 use crate::pool;
+use crate::prim::os;
 use std::sync::atomic::Ordering;
 
 /// malloc's fast path: a small block from this thread's cache of the host side's primary pool
@@ -145,4 +146,9 @@ fn refuse_deferred(ptr: usize) -> Result<()> {
         return Err(deferred_twice(ptr));
     }
     Ok(())
+}
+
+/// Set errno to ENOMEM (the malloc family's way of saying why NULL came back).
+pub fn set_enomem() {
+    os::set_errno(libc::ENOMEM);
 }

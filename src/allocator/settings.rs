@@ -1,0 +1,124 @@
+//! The settings made through the API before the first allocation (`set_mode`, `set_alignment`,
+//! `set_limit`): they override the environment's, and once initialised only the values in
+//! force are accepted.
+
+use super::init::{INIT, STATE, caps, get};
+use crate::config::{self, Config};
+use crate::error::{Error, Result, Status};
+use crate::mode::{Mode, ModeRequest};
+use crate::prim::fork::{Held, lock};
+use std::sync::Mutex;
+
+/// Settings made through the API before initialisation; they override the environment.
+#[derive(Default)]
+struct Overrides {
+    mode: Option<ModeRequest>,
+    alignment: Option<usize>,
+    /// `Some(None)`: no limit, whatever the environment says.
+    limit: Option<Option<usize>>,
+}
+
+static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides {
+    mode: None,
+    alignment: None,
+    limit: None,
+});
+
+/// `config` with the settings made through the API (`set_mode` and the like) in force.
+pub(super) fn with_overrides(mut config: Config) -> Config {
+    let o = lock(&OVERRIDES);
+    if let Some(m) = o.mode {
+        config.mode = m;
+    }
+    if let Some(a) = o.alignment {
+        config.alignment = a;
+    }
+    if let Some(l) = o.limit {
+        config.limit = l;
+    }
+    config
+}
+
+/// Request a mode before the first allocation. Afterwards only the mode in force is accepted.
+pub fn set_mode(req: ModeRequest) -> Result<()> {
+    // Mode `host` needs no GPU: it is accepted without asking the machine.
+    let caps = (req != ModeRequest::Forced(Mode::Host)).then(caps);
+    if let Some(a) = get()
+        && req != ModeRequest::Auto
+    {
+        // Resolved before INIT is held (it takes INIT itself).
+        a.gpu();
+    }
+    let _g = lock(&INIT);
+    if let Some(a) = STATE.get() {
+        let mode = a.gpu.get().map(|g| g.mode);
+        return match req {
+            ModeRequest::Forced(m) if Some(m) == mode => Ok(()),
+            ModeRequest::Auto if a.config.mode == ModeRequest::Auto => Ok(()),
+            _ => Err(Error::new(
+                Status::UMP_ERR_LOCKED,
+                format!(
+                    "the mode is already '{}' (fixed at the first allocation); it cannot change to '{}'",
+                    mode.map_or("unset", Mode::name),
+                    req.name()
+                ),
+            )),
+        };
+    }
+    // Refuse a mode this machine cannot do now, not at the first allocation.
+    if let Some(caps) = caps {
+        caps.select(req)?;
+    }
+    lock(&OVERRIDES).mode = Some(req);
+    Ok(())
+}
+
+/// Request an alignment before the first allocation. Afterwards only the one in force is
+/// accepted.
+pub fn set_alignment(n: usize) -> Result<()> {
+    let n = config::check_alignment(n).map_err(|e| Error::config(format!("alignment {e}")))?;
+    let _g = lock(&INIT);
+    if let Some(a) = STATE.get() {
+        if a.alignment == n {
+            return Ok(());
+        }
+        return Err(Error::new(
+            Status::UMP_ERR_LOCKED,
+            format!(
+                "the alignment is already {} (fixed at the first allocation); it cannot change to {n}",
+                a.alignment
+            ),
+        ));
+    }
+    lock(&OVERRIDES).alignment = Some(n);
+    Ok(())
+}
+
+/// Request a limit (`None`: no limit) before the first allocation. Afterwards only the one in
+/// force is accepted.
+pub fn set_limit(limit: Option<usize>) -> Result<()> {
+    let _g = lock(&INIT);
+    if let Some(a) = STATE.get() {
+        if a.config.limit == limit {
+            return Ok(());
+        }
+        let show = |l: Option<usize>| l.map_or("none".to_string(), |n| format!("{n} bytes"));
+        return Err(Error::new(
+            Status::UMP_ERR_LOCKED,
+            format!(
+                "the limit is already {} (fixed at the first allocation); it cannot change to {}",
+                show(a.config.limit),
+                show(limit)
+            ),
+        ));
+    }
+    lock(&OVERRIDES).limit = Some(limit);
+    Ok(())
+}
+
+/// Fork: the initialisation lock and the settings made before it (first in the order, see
+/// `crate::fork`).
+pub(crate) fn fork_lock_settings(held: &mut Held) {
+    held.push(lock(&INIT));
+    held.push(lock(&OVERRIDES));
+}
