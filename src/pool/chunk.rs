@@ -5,7 +5,7 @@
 //! `retain` and decay (`enforce_retain`), on `trim`, or to make room under a limit.
 
 use super::span::{Large, Span};
-use super::*;
+use super::{Arc, Chunk, Error, Kind, Ordering, Pool, Result, cuda, lock, registry};
 use std::time::Instant;
 
 impl Pool {

@@ -25,7 +25,7 @@
 //! stream-ordered (host memory, or no CUDA driver) need no fence.
 
 use super::span::{Fit, SPAN_FREE, Span};
-use super::*;
+use super::{Entry, Error, Large, Ordering, Pool, Result, cuda, entry_at, epoch_ms, lock};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

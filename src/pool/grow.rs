@@ -6,7 +6,7 @@
 //! then copy nothing, as they copy nothing on glibc's malloc.
 
 use super::span::{SPAN_CACHED, SPAN_FREE, SPAN_USED, Span};
-use super::*;
+use super::{Entry, GRANULE, Kind, Large, Ordering, Pool, TAG_SPAN, entry_at, lock, registry};
 use crate::backing::{Growth, RangeBook};
 
 /// A chunk of pinned memory grows by at least half its size at a time: registering it again

@@ -21,7 +21,7 @@
 
 use super::slab::Slab;
 use super::span::{Large, NEVER, SPAN_HELD, Span};
-use super::*;
+use super::{Ordering, Pool, Result, lock};
 use crate::backing::shared;
 
 impl Pool {

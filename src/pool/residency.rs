@@ -15,7 +15,7 @@
 //! - A span that reads as zero is never discarded (calloc relies on it).
 
 use super::span::{Large, Span};
-use super::*;
+use super::{Entry, Kind, Ordering, Pool, cuda, entry_at};
 use crate::pool::span::SPAN_USED;
 
 /// Blocks below this are not worth a driver call (a large page).
@@ -169,6 +169,8 @@ impl Pool {
 mod tests {
     use super::*;
     use crate::backing::HostBacking;
+    use crate::pool::lookup;
+    use crate::prim::fork::lock;
     use crate::stream::StreamPools;
 
     const MB: usize = 1 << 20;

@@ -19,7 +19,7 @@
 //! What stands in front of the slabs (the thread cache and the hot slot, the refill and the
 //! free paths that use them) is in `small`.
 
-use super::*;
+use super::{AtomicUsize, BlockInfo, Ordering, Pool, Span, TAG_SLAB, lock, registry};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// A free slot: its slab and index.

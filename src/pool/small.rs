@@ -9,7 +9,7 @@
 
 use super::slab::{Slab, Slot};
 use super::tcache;
-use super::*;
+use super::{Alloc, Error, Ordering, Pool, Result, SMALL_MAX, double_free, lock, span};
 
 /// A hot slot packs its slab descriptor's address (below 2^48 on every 64-bit target we run
 /// on) and its index (below 2^16: slabs hold fewer slots) into one word; 0 is "none".

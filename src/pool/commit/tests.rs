@@ -1,6 +1,7 @@
 //! Tests of `src/pool/commit.rs`.
 
 use super::*;
+use crate::backing::Kind;
 use crate::backing::vmm::{OsPages, SEGMENT, Space};
 use crate::backing::{HostBacking, VmmBacking};
 use crate::stream::StreamPools;

@@ -4,7 +4,9 @@
 use super::*;
 use crate::backing::{ARENA, Backing, Chunk, Growth, HostBacking, RangeBook};
 use crate::error::Result;
+use crate::pool::{lookup, pool_at};
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicUsize;
 
 const MB: usize = 1 << 20;
 

@@ -4,6 +4,7 @@
 use super::*;
 use crate::backing::{ARENA, Backing, Chunk, Growth, RangeBook};
 use crate::error::Result;
+use crate::pool::lookup;
 use crate::prim::os;
 
 /// Pinned memory's growth rules without CUDA: chunks of their own sit in 8x their size of

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::backing::HostBacking;
+use crate::pool::{MAX_REQUEST, lookup};
 
 const MB: usize = 1 << 20;
 

@@ -1,7 +1,7 @@
 //! The capabilities that decide which modes work (the machine's and each device's), and the
 //! probe that reads them from the driver. Which mode they lead to is `mode`'s policy.
 
-use super::*;
+use super::{CUDA_SUCCESS, CUdevice, CUdevice_attribute, Driver, c_char, c_int, driver, vmm};
 
 /// The capabilities of one device that decide which modes work.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

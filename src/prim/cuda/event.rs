@@ -1,7 +1,10 @@
 //! Events recorded on streams (what stream-ordered reuse waits for), and the cache that
 //! spares a driver call per event.
 
-use super::*;
+use super::{
+    CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUevent, CUstream, Driver, Mutex, Result, c_uint, check,
+    driver, lock, with_device,
+};
 
 const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 

@@ -5,7 +5,7 @@
 //! prefetched takes about 2 s (every page faults), while discard-and-prefetch then the write
 //! takes 2.1–2.4 ms. So a discarded range is always prefetched before it is used again.
 
-use super::*;
+use super::{CUdeviceptr, CUstream, Result, check, driver, location, with_device};
 
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
 const CU_STREAM_PER_THREAD: usize = 2;

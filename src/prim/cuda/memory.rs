@@ -1,7 +1,10 @@
 //! Memory calls: managed and device allocations, host registration, advice and prefetches
 //! of managed memory, and a device's free memory.
 
-use super::*;
+use super::{
+    CUdeviceptr, CUmem_advise, CUstream, Result, c_uint, c_void, check, driver, location,
+    with_device,
+};
 
 const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
 const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 1;

@@ -1,6 +1,6 @@
 //! What the driver knows of an address that is not ours (`cuPointerGetAttributes`).
 
-use super::*;
+use super::{CUDA_SUCCESS, CUdeviceptr, CUpointer_attribute, c_int, c_void, driver};
 
 /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)` values.
 pub(crate) const CU_MEMORYTYPE_HOST: u32 = 1;

@@ -1,7 +1,7 @@
 //! Streams and synchronisation: ump-alloc's own streams, and waiting for a stream or a whole
 //! device.
 
-use super::*;
+use super::{CUstream, Result, c_uint, check, context_active, with_device};
 
 /// A new non-blocking stream on `device` (for ump-alloc's own background work; never
 /// destroyed).

@@ -6,7 +6,10 @@
 //! covers several mappings), `cuMemUnmap` 20–35 µs and, unlike `cuMemFree`, no wait for the
 //! device's queued work; the granularity is 2 MiB.
 
-use super::*;
+use super::{
+    CUDA_SUCCESS, CUdeviceptr, CUmemAccessDesc, CUmemGenericAllocationHandle, Driver, Error,
+    OnceLock, Result, check, device_count, driver, err_name, location, with_device,
+};
 use cudarc::driver::sys::{
     CUmemAccess_flags, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
     CUmemAllocationProp, CUmemAllocationType,
