@@ -3,7 +3,7 @@
 //! where the rest can wait; `init`, which fixes the configuration and makes the host side; and
 //! `check`, the verdict `init` would give.
 
-use super::settings::with_overrides;
+use super::overrides::with_overrides;
 use super::{Allocator, Gpu};
 use crate::config::{self, Config};
 use crate::error::Result;

@@ -20,6 +20,7 @@ mod blocks;
 mod device;
 mod init;
 mod malloc;
+mod overrides;
 mod pools;
 mod settings;
 mod sides;

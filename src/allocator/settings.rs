@@ -3,41 +3,11 @@
 //! force are accepted.
 
 use super::init::{INIT, STATE, caps, get};
-use crate::config::{self, Config};
+use super::overrides::OVERRIDES;
+use crate::config;
 use crate::error::{Error, Result, Status};
 use crate::mode::{Mode, ModeRequest};
 use crate::prim::fork::{Held, lock};
-use std::sync::Mutex;
-
-/// Settings made through the API before initialisation; they override the environment.
-#[derive(Default)]
-struct Overrides {
-    mode: Option<ModeRequest>,
-    alignment: Option<usize>,
-    /// `Some(None)`: no limit, whatever the environment says.
-    limit: Option<Option<usize>>,
-}
-
-static OVERRIDES: Mutex<Overrides> = Mutex::new(Overrides {
-    mode: None,
-    alignment: None,
-    limit: None,
-});
-
-/// `config` with the settings made through the API (`set_mode` and the like) in force.
-pub(super) fn with_overrides(mut config: Config) -> Config {
-    let o = lock(&OVERRIDES);
-    if let Some(m) = o.mode {
-        config.mode = m;
-    }
-    if let Some(a) = o.alignment {
-        config.alignment = a;
-    }
-    if let Some(l) = o.limit {
-        config.limit = l;
-    }
-    config
-}
 
 /// Request a mode before the first allocation. Afterwards only the mode in force is accepted.
 pub fn set_mode(req: ModeRequest) -> Result<()> {
