@@ -58,3 +58,21 @@ def test_gpu_benches_skip_cleanly_without_a_gpu(name):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1].startswith("skipped: "), r.stdout
     assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_run_lists_every_bench_with_its_needs():
+    """``benches/run.py list`` names every ``*_bench.py`` with a purpose and what it needs."""
+    r = _run("run.py", "list")
+    assert r.returncode == 0, r.stderr
+    names = sorted(f[: -len("_bench.py")] for f in BENCHES if f.endswith("_bench.py"))
+    listed = [line.split()[0] for line in r.stdout.splitlines() if line and not line[0].isspace()]
+    assert set(names) <= set(listed), (names, r.stdout)
+    assert "(not recorded" not in r.stdout, r.stdout
+    assert r.stdout.count("needs: ") == len(names), r.stdout
+
+
+def test_run_passes_arguments_through():
+    r = _run("run.py", "small_arrays", "--help")
+    assert r.returncode == 0 and "usage: small_arrays_bench.py" in r.stdout, r.stdout + r.stderr
+    r = _run("run.py", "no_such_bench")
+    assert r.returncode == 2 and "the benches: " in r.stderr, r.stderr
