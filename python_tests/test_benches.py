@@ -10,21 +10,25 @@ from conftest import GPU
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHES = sorted(f for f in os.listdir(os.path.join(ROOT, "benches")) if f.endswith(".py") and not f.startswith("_"))
+# The archived probes (benches/archive/): run from there, with the same promises.
+PROBES = sorted(
+    "archive/" + f for f in os.listdir(os.path.join(ROOT, "benches", "archive")) if f.endswith("_probe.py")
+)
 GPU_BENCHES = {
-    "asnumpy_parts_probe.py": ["--gib", "0.01", "--rounds", "1"],
+    "archive/asnumpy_parts_probe.py": ["--gib", "0.01", "--rounds", "1"],
     "churn_bench.py": [],
     "cupy_alloc_bench.py": ["--n", "10", "--rounds", "1"],
     "fragmentation_bench.py": ["--repeat", "1"],
     "managed_residency_bench.py": ["--gib", "0.01", "--rounds", "1"],
     "no_context_bench.py": ["--rounds", "1", "--pool", "1"],
-    "host_pages_probe.py": ["--gib", "0.01", "--reps", "1"],
-    "pageable_h2d_probe.py": ["x"],
-    "dataloader_ab_probe.py": ["--epochs", "1"],
+    "archive/host_pages_probe.py": ["--gib", "0.01", "--reps", "1"],
+    "archive/pageable_h2d_probe.py": ["x"],
+    "archive/dataloader_ab_probe.py": ["--epochs", "1"],
     "dataloader_fork_bench.py": ["--epochs", "1", "--events", "--cpus", "0", "--variants", "plain,ump-none"],
-    "pinned_probe.py": ["--gib", "0.01", "--reps", "1"],
+    "archive/pinned_probe.py": ["--gib", "0.01", "--reps", "1"],
     "pipeline_bench.py": ["--mib", "1", "--iters", "1"],
     "torch_patch_overhead_bench.py": [],
-    "torch_pipeline_phases_probe.py": ["x"],
+    "archive/torch_pipeline_phases_probe.py": ["x"],
     "torch_training_bench.py": ["--models", "resnet18", "--rounds", "1"],
     "torch_transfer_bench.py": [],
     "transfer_bench.py": ["--repeat", "1", "--mib", "1", "--iters", "1", "--gib", "0.01", "--rounds", "1"],
@@ -40,11 +44,26 @@ def _run(name, *args):
 
 
 def test_every_bench_is_listed():
-    assert set(GPU_BENCHES) <= set(BENCHES)
+    assert set(GPU_BENCHES) <= set(BENCHES) | set(PROBES)
     assert len(BENCHES) >= 9, BENCHES
+    assert not [f for f in os.listdir(os.path.join(ROOT, "benches")) if "_probe." in f], "probes go to benches/archive/"
 
 
-@pytest.mark.parametrize("name", BENCHES)
+def test_archived_probes_name_their_command():
+    """Every archived probe's header gives the command that builds or runs it from there."""
+    folder = os.path.join(ROOT, "benches", "archive")
+    probes = sorted(f for f in os.listdir(folder) if "_probe." in f)
+    assert len(probes) >= 10, probes
+    with open(os.path.join(folder, "README.md")) as f:
+        readme = f.read()
+    for name in probes:
+        with open(os.path.join(folder, name)) as f:
+            head = f.read(3000)
+        assert f"benches/archive/{name}" in head, name
+        assert f"`{name}`" in readme, f"benches/archive/README.md does not list {name}"
+
+
+@pytest.mark.parametrize("name", BENCHES + PROBES)
 def test_help(name):
     r = _run(name, "--help")
     assert r.returncode == 0, r.stderr

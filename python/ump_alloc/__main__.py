@@ -155,7 +155,7 @@ def hugetlb_pages(meminfo: str = "/proc/meminfo") -> str | None:
     reserves a free huge page for every page of the file at the remap (``ENOMEM`` in the child
     where too few are free), or, with ``MAP_NORESERVE``, kills the child with ``SIGBUS`` at its
     first write to a page no free huge page is left for; and the pool's 4 KiB hole punches give
-    nothing back. Measured on the CPU box with ``benches/hugetlb_fork_probe.c``
+    nothing back. Measured on the CPU box with ``benches/archive/hugetlb_fork_probe.c``
     (docs/BENCHMARKS.md section 32)."""
     try:
         with open(meminfo) as f:

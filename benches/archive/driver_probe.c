@@ -3,7 +3,7 @@
 // registrations, the batch discard calls, and the overlap of a background migration to the host
 // with the host's reads. Needs a GPU and the CUDA 13 header:
 //
-//   gcc -O2 -o driver_probe benches/driver_probe.c -I/usr/local/cuda/include -lcuda -lpthread -ldl
+//   gcc -O2 -o driver_probe benches/archive/driver_probe.c -I/usr/local/cuda/include -lcuda -lpthread -ldl
 //   ./driver_probe [all | vmm | busy | reg | discard | overlap | rest]
 #define _GNU_SOURCE
 #include <cuda.h>

@@ -1,7 +1,7 @@
 // The small-block hot path through the C ABI, for comparing two builds of the library
 // instruction by instruction (issue 20 measured what its fork check costs with it):
 //
-//   cc -O2 -o hot_path_probe benches/hot_path_probe.c -Iinclude -Ltarget/release
+//   cc -O2 -o hot_path_probe benches/archive/hot_path_probe.c -Iinclude -Ltarget/release
 //      -Wl,-rpath,$PWD/target/release -lump_alloc      (one line)
 //   UMP_ALLOC_NO_CUDA=1 valgrind --tool=callgrind ./hot_path_probe 3000000   # instructions
 //   UMP_ALLOC_NO_CUDA=1 ./hot_path_probe 100000000                           # time

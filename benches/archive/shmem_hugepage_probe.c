@@ -11,7 +11,7 @@
  * passes of x *= 3 over it as float32, and forks a child that maps the range again MAP_PRIVATE
  * from the file (as ump-alloc's child handler does) and reads it all. Needs no GPU.
  *
- *   cc -O2 -o /tmp/shmem_hugepage_probe benches/shmem_hugepage_probe.c
+ *   cc -O2 -o /tmp/shmem_hugepage_probe benches/archive/shmem_hugepage_probe.c
  *   /tmp/shmem_hugepage_probe MIB ADVICE       (e.g. 1024 1)
  *
  * Prints the kernel's answer to the advice as "advice rc=R errno=E"; EINVAL (22) for

@@ -8,15 +8,15 @@ memory the copy got under ump-alloc (managed, or the device pool with
 the copy left the pages away from the GPU (the kernel migrates them back). Run it plain and under
 ``UMP_ALLOC=1`` to compare. Needs a GPU and PyTorch.
 
-    python benches/pageable_h2d_probe.py LABEL
+    python benches/archive/pageable_h2d_probe.py LABEL
 """
 
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _benchutil  # noqa: E402 - beside this script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
+import _benchutil  # noqa: E402 - benches/_benchutil.py
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ three kernels, ``.cpu().numpy()``, a strided host read. Run it once plain and on
 ``UMP_ALLOC=1``; it prints the median of 12 iterations per phase (ms) and, under ump-alloc, the
 kind of memory each array got. Needs a GPU, PyTorch and NumPy.
 
-    python benches/torch_pipeline_phases_probe.py LABEL
-    UMP_ALLOC=1 python benches/torch_pipeline_phases_probe.py LABEL
+    python benches/archive/torch_pipeline_phases_probe.py LABEL
+    UMP_ALLOC=1 python benches/archive/torch_pipeline_phases_probe.py LABEL
 """
 
 import os
@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _benchutil  # noqa: E402 - beside this script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
+import _benchutil  # noqa: E402 - benches/_benchutil.py
 
 
 def main() -> None:

@@ -4,7 +4,7 @@
 // file's pages allocated first in bulk (fallocate), faulted in first (MADV_POPULATE_WRITE), both,
 // or neither (the registration faults them in). Modes interleaved, one fresh mapping each time.
 //
-//   gcc -O2 -pthread -o pinned_make_probe benches/pinned_make_probe.c -ldl
+//   gcc -O2 -pthread -o pinned_make_probe benches/archive/pinned_make_probe.c -ldl
 //   ./pinned_make_probe [--reps 3] GIB [GIB ...]
 #define _GNU_SOURCE
 #include <dlfcn.h>

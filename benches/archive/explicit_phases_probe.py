@@ -11,13 +11,14 @@ synchronised after each phase), medians of ``--iters``.
 Part 2: ``asnumpy`` of 1 GiB and a host read of every element, against a copy into a pinned
 buffer made once (``cupyx.empty_pinned``) and the same read; copy and read timed apart.
 
-    python benches/explicit_phases_probe.py [--iters 8] [--rounds 2]
+    python benches/archive/explicit_phases_probe.py [--iters 8] [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -84,7 +85,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
     from _benchutil import gpu_or_skip, ump_env
 
     gpu_or_skip("cupy")

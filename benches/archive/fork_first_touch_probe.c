@@ -6,7 +6,7 @@
  * large arrays where THP is `madvise`) and with 4 KiB pages. No GPU: registration does not
  * change any of this.
  *
- *   gcc -O2 -o fork_first_touch_probe benches/fork_first_touch_probe.c
+ *   gcc -O2 -o fork_first_touch_probe benches/archive/fork_first_touch_probe.c
  *   ./fork_first_touch_probe [MiB=1024] [rounds=3]
  *
  * Each line: the child's first and second full read (8-byte sums) and their difference per

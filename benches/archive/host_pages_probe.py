@@ -4,7 +4,7 @@ memory gets no transparent huge pages) against the anonymous pages it left (huge
 MADV_HUGEPAGE), the same anonymous pages without huge pages, a hugetlbfs memory file, the CUDA
 runtime's own pinned allocation and NumPy's pageable memory. Needs a GPU, CuPy and NumPy.
 
-    python benches/host_pages_probe.py [--gib 2] [--reps 5] [--kinds a,b,...]
+    python benches/archive/host_pages_probe.py [--gib 2] [--reps 5] [--kinds a,b,...]
 
 Each kind's buffer is filled, registered (cuMemHostRegister, portable + mapped) where that is how
 it is made pinned, then, the kinds interleaved in each of --reps rounds: one `a *= 3` pass, one
@@ -25,8 +25,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _benchutil  # noqa: E402 - beside this script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
+import _benchutil  # noqa: E402 - benches/_benchutil.py
 
 GiB = 1 << 30
 libc = _benchutil.libc_memory()

@@ -2,7 +2,7 @@
 against cuMemCreate(CU_MEM_LOCATION_TYPE_HOST_NUMA) + cuMemMap + cuMemSetAccess, measured side
 by side (issue 10's choice). Needs a GPU, CuPy and NumPy.
 
-    python benches/pinned_probe.py [--gib 1] [--reps 3] [--json out.json]
+    python benches/archive/pinned_probe.py [--gib 1] [--reps 3] [--json out.json]
 
 For each method: the cost of making 1 GiB (ms; page population included), CPU write and read
 bandwidth, GPU kernel read+write bandwidth on the memory in place, DMA copies to and from a
@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _benchutil  # noqa: E402 - beside this script
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
+import _benchutil  # noqa: E402 - benches/_benchutil.py
 
 GiB = 1 << 30
 libc = _benchutil.libc_memory()

@@ -5,7 +5,7 @@
  * page and writes every page. Prints the kernel's free and reserved huge pages at each step, and
  * how the child ended. Also tries a 4 KiB hole punch (how the pool gives back free pages).
  *
- *   cc -O2 -o /tmp/hugetlb_fork_probe benches/hugetlb_fork_probe.c
+ *   cc -O2 -o /tmp/hugetlb_fork_probe benches/archive/hugetlb_fork_probe.c
  *   echo 8 > /proc/sys/vm/nr_hugepages          # root: reserve eight 2 MiB pages
  *   /tmp/hugetlb_fork_probe MIB [noreserve]     # e.g. 8, 16, 16 noreserve
  *   echo 0 > /proc/sys/vm/nr_hugepages

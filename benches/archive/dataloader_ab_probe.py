@@ -13,7 +13,7 @@ too (each mode trains a model of its own, alike at the start, on a CUDA stream o
 that PyTorch's cache never hands one mode's blocks to the other); without it PyTorch stays on
 its own allocator throughout. Needs a GPU, PyTorch and torchvision (``--workers-only``: PyTorch).
 
-    python benches/dataloader_ab_probe.py [--epochs 6] [--torch] [--start ump] [--persistent] [--pin]
+    python benches/archive/dataloader_ab_probe.py [--epochs 6] [--torch] [--start ump] [--persistent] [--pin]
         [--workers-only] [--start-method fork|spawn|forkserver]
 
 ``--start-method spawn`` or ``forkserver`` (issue 33): the workers start clean and get the
@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/, for _benchutil
 
 # Module level, so that spawn and forkserver workers unpickle them: the Dataset carries its
 # samples (a fork worker shares the parent's array, a spawn or forkserver worker gets a copy).

@@ -10,7 +10,7 @@
 // driver's, which makes the kernel copy pinned anonymous pages into the child at fork); cuda
 // (cuMemHostRegister, portable and mapped, through libcuda.so.1 opened at run time: the GPU run).
 //
-//   gcc -O2 -o fork_probe benches/fork_probe.c -ldl
+//   gcc -O2 -o fork_probe benches/archive/fork_probe.c -ldl
 //   ./fork_probe [--pin none|uring|cuda] [--mech anon,shared,dontfork] [--reps N] GiB...
 //
 // One line per (mechanism, size, repetition): the parent's fork() time, the child's remap time,

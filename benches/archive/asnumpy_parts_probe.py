@@ -3,7 +3,7 @@ baseline of issue 22's d2h benchmark (``x.get(out=pinned)`` into a pinned array 
 beforehand): the transfer plan, the new destination array, the copy, ``asnumpy`` whole, and
 the host's read (``h.max()``) of either destination. Needs a GPU and CuPy.
 
-    python benches/asnumpy_parts_probe.py [--gib 1] [--rounds 9]
+    python benches/archive/asnumpy_parts_probe.py [--gib 1] [--rounds 9]
 
 Each line: the median of ``--rounds`` calls in ms, with the fastest and slowest; the GPU
 rewrites the array before each call. It also says whether a new destination gets the same
@@ -14,6 +14,8 @@ docs/BENCHMARKS.md §24's "Where the d2h difference sits".
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 
@@ -22,6 +24,7 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
     import _benchutil
 
     _benchutil.gpu_or_skip("cupy")
