@@ -27,6 +27,18 @@ def gpu_or_skip(*modules: str) -> None:
         sys.exit(0)
 
 
+def torch_route() -> str | None:
+    """ump-alloc's route for PyTorch (``segments``, ``swap``, ``native`` after a fall-back), or
+    None where ump-alloc does not serve PyTorch: read from the public
+    ``ump_alloc.memory_summary()``, whose line ``PyTorch: ROUTE route: why`` says it."""
+    import ump_alloc
+
+    for line in ump_alloc.memory_summary().splitlines():
+        if line.startswith("PyTorch: ") and " route: " in line:
+            return line[len("PyTorch: ") :].split(" route: ", 1)[0]
+    return None
+
+
 def label_or_skip(doc: str, *modules: str) -> str:
     """The ``LABEL`` argument of a probe that is run once plain and once under ``UMP_ALLOC=1``
     and prints it first on its result line (``doc``: the probe's docstring, for ``--help``);

@@ -79,6 +79,76 @@ def _addr(fn) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
+# From include/ump_alloc.h: the `param` with which ump_cupy_malloc/ump_cupy_free serve CuPy's
+# current stream (read in C; needs the fast path's C functions, which enable() hands over).
+UMP_CUPY_CURRENT_STREAM = -2
+_METH_O = 0x0008
+
+
+def _builtin(lib, fn_name: str, self_tuple):
+    """A Python builtin (``PyCFunction_NewEx``, ``METH_O``) over the library's C function
+    ``fn_name`` (``ump_cupy_allocator``: calls ``self_tuple[0]``, a ``CFunctionAllocator``'s
+    ``malloc``, and ``self_tuple[1]`` to raise on failure), as ump-alloc makes its own."""
+    import ctypes
+
+    class MethodDef(ctypes.Structure):
+        _fields_ = [("ml_name", ctypes.c_char_p), ("ml_meth", ctypes.c_void_p), ("ml_flags", ctypes.c_int),
+                    ("ml_doc", ctypes.c_char_p)]
+
+    md = MethodDef(fn_name.encode(), _addr(getattr(lib, fn_name)), _METH_O, None)
+    _KEEP.append(md)  # the builtin points at it for good
+    api = ctypes.pythonapi
+    api.PyCFunction_NewEx.restype = ctypes.py_object
+    api.PyCFunction_NewEx.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p]
+    return api.PyCFunction_NewEx(ctypes.addressof(md), self_tuple, None)
+
+
+_KEEP: list = []
+
+
+def _python_allocator(cp, lib, um, uf):
+    """ump-alloc's Python fallback, rebuilt here: a Python function per allocation, one
+    ``CFunctionAllocator`` per stream whose ``param`` is that stream's handle."""
+    CFA = cp.cuda.memory.CFunctionAllocator
+    get_current_stream = cp.cuda.get_current_stream
+    by_stream: dict = {}
+
+    def ump_cupy_malloc(size):
+        s = get_current_stream().ptr
+        c_malloc = by_stream.get(s)
+        if c_malloc is None:
+            c_malloc = by_stream[s] = CFA(s, um, uf, lib).malloc
+        mem = c_malloc(size)
+        if mem.ptr == 0 and size > 0:
+            raise MemoryError(size)
+        return mem
+
+    return ump_cupy_malloc
+
+
+def _capi_function(module_name: str, fn: str) -> int:
+    """The C function ``fn`` that a Cython module of CuPy exports (``__pyx_capi__``), for
+    ``intptr_t (void)`` or the cpdef ``intptr_t (int __pyx_skip_dispatch)``; 0 if none."""
+    import ctypes
+    import importlib
+
+    try:
+        capsule = (getattr(importlib.import_module(module_name), "__pyx_capi__", None) or {}).get(fn)
+    except Exception:  # noqa: BLE001 - another CuPy layout
+        return 0
+    if capsule is None:
+        return 0
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    name = api.PyCapsule_GetName(capsule)
+    if name not in (b"intptr_t (void)", b"intptr_t (int __pyx_skip_dispatch)"):
+        return 0
+    return api.PyCapsule_GetPointer(capsule, name) or 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=200_000, help="alloc+free pairs per round")
@@ -93,39 +163,46 @@ def main() -> int:
     except Exception as e:  # noqa: BLE001
         print(f"skipped: no CuPy GPU ({e})")
         return 0
-    import ump_alloc
-    from ump_alloc import _cupy, _lib
+    import ctypes
 
-    ump_alloc.enable(torch=False)
-    assert _cupy.fast_path(), f"the C fast path is not available with this CuPy: {_cupy.describe()}"
-    allocators = {
-        "cupy pool": cp.get_default_memory_pool().malloc,
-        "ump direct": _cupy._make_fast_allocator(cp, direct=True),
-        "ump bound": _cupy._make_fast_allocator(cp, direct=False),
-        "ump python": _cupy._make_python_allocator(cp),
-    }
-    assert allocators["ump direct"] is not None, "no direct builtin with this CuPy"
-    triv = _trivial_lib()
+    import ump_alloc
+
+    pool = cp.get_default_memory_pool().malloc
+    ump_alloc.enable(torch=False)  # CuPy is imported: its allocator is ump-alloc's from here on
+    direct = cp.cuda.get_allocator()
+    if getattr(direct, "__name__", "") != "ump_cupy_allocator_direct":
+        print(f"the C fast path's direct builtin is not available with this CuPy (enable() installed "
+              f"{direct!r}; python -m ump_alloc info says why)", file=sys.stderr)
+        return 1
+    # The library ump_alloc loaded (the same file, so the same handle and state), through ctypes:
+    # its C functions, not the package's private modules.
+    lib = ctypes.CDLL(ump_alloc.library_path())
     CFA = cp.cuda.memory.CFunctionAllocator
-    lib = _lib.lib()
     um, uf = _addr(lib.ump_cupy_malloc), _addr(lib.ump_cupy_free)
+
+    def raise_oom(size):
+        raise MemoryError(size)
+
+    allocators = {
+        "cupy pool": pool,
+        "ump direct": direct,
+        "ump bound": _builtin(lib, "ump_cupy_allocator", (CFA(UMP_CUPY_CURRENT_STREAM, um, uf, lib).malloc, raise_oom)),
+        "ump python": _python_allocator(cp, lib, um, uf),
+    }
+    triv = _trivial_lib()
     if triv is not None:
         allocators["C floor"] = CFA(0, _addr(triv.triv_malloc), _addr(triv.triv_free), triv).malloc
     loops = {}
     if args.detail and triv is not None:
-
-        def raise_oom(size):
-            raise MemoryError(size)
-
         floor = allocators["C floor"]
-        allocators["floor+builtin"] = _cupy._builtin(b"ump_cupy_allocator", (floor, raise_oom))
-        allocators["ump no builtin"] = CFA(_cupy.UMP_CUPY_CURRENT_STREAM, um, uf, lib).malloc
+        allocators["floor+builtin"] = _builtin(lib, "ump_cupy_allocator", (floor, raise_oom))
+        allocators["ump no builtin"] = CFA(UMP_CUPY_CURRENT_STREAM, um, uf, lib).malloc
         for name, mod in (("cupy", "cupy.cuda.stream"), ("backends", "cupy_backends.cuda.stream")):
-            fn = _cupy._capi_function(mod, "get_current_stream_ptr", _cupy._STREAM_SIGS)
+            fn = _capi_function(mod, "get_current_stream_ptr")
             if fn:
                 # One C function pointer in the trivial library: measured one at a time below.
                 allocators[f"floor+stream({name})"] = (fn, CFA(0, _addr(triv.triv_malloc_stream), _addr(triv.triv_free), triv).malloc)
-        loops = {"C pair param=0": 0, "C pair current": _cupy.UMP_CUPY_CURRENT_STREAM}
+        loops = {"C pair param=0": 0, "C pair current": UMP_CUPY_CURRENT_STREAM}
     sizes = [int(s) for s in args.sizes.split(",")]
     names = list(allocators) + list(loops)
     res = {(a, s): [] for a in names for s in sizes}
@@ -150,7 +227,7 @@ def main() -> int:
                 triv.triv_loop(um, uf, param, s, 1000)
                 res[(name, s)].append(triv.triv_loop(um, uf, param, s, args.n))
         print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
-    cp.cuda.set_allocator(_cupy.allocator())
+    cp.cuda.set_allocator(direct)
     print(f"{'size':>9}  " + "  ".join(f"{a:>14}" for a in names))
     for s in sizes:
         med = {a: statistics.median(res[(a, s)]) for a in names}

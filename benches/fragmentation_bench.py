@@ -73,9 +73,9 @@ class Torch:
         import torch
 
         if use_ump:
-            from ump_alloc import _torch
+            from _benchutil import torch_route
 
-            self.route = _torch.route()
+            self.route = torch_route()
         self.t = torch
         self.use_ump = use_ump
         self.gen = torch.Generator(device="cuda").manual_seed(7)

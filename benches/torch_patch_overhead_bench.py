@@ -37,7 +37,7 @@ def build(torch, name):
     return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), x, y
 
 
-def bench(torch, tt, name, rounds, steps):
+def bench(torch, orig, name, rounds, steps):
     torch.manual_seed(0)
     model, opt, x, y = build(torch, name)
     patched = {k: getattr(torch.Tensor, k) for k in ("cpu", "to", "numpy")}
@@ -53,7 +53,7 @@ def bench(torch, tt, name, rounds, steps):
         return wrap
 
     def use(mode):
-        src = {"patched": patched, "orig": tt._orig, "count": {k: counting(k) for k in patched}}[mode]
+        src = {"patched": patched, "orig": orig, "count": {k: counting(k) for k in patched}}[mode]
         for k in patched:
             setattr(torch.Tensor, k, src[k])
 
@@ -106,10 +106,12 @@ def main() -> int:
         print(f"skipped: no PyTorch GPU ({e})")
         return 0
     import ump_alloc
-    from ump_alloc import _torch_transfer as tt
 
+    # PyTorch's own methods, taken before ump-alloc patches them (enable() patches at once when
+    # PyTorch is already imported): the public API only, no look into the package's modules.
+    orig = {k: getattr(torch.Tensor, k) for k in ("cpu", "to", "numpy")}
     ump_alloc.enable(cupy=False, torch=True)
-    if not tt._orig:
+    if all(getattr(torch.Tensor, k) is f for k, f in orig.items()):
         print("skipped: the transfer patch is off (UMP_ALLOC_TORCH_FAST_CPU=0)")
         return 0
     for name in ("mlp", "resnet18") if args.model == "both" else (args.model,):
@@ -119,11 +121,11 @@ def main() -> int:
             except ImportError:
                 print("resnet18 skipped: torchvision is not installed")
                 continue
-        bench(torch, tt, name, args.rounds, args.steps)
+        bench(torch, orig, name, args.rounds, args.steps)
     g = torch.randn(2560, device="cuda")
     patched = {k: getattr(torch.Tensor, k) for k in ("cpu", "to", "numpy")}
     for mode in ("patched", "orig", "patched", "orig"):
-        torch.Tensor.cpu = patched["cpu"] if mode == "patched" else tt._orig["cpu"]
+        torch.Tensor.cpu = patched["cpu"] if mode == "patched" else orig["cpu"]
         t = time.perf_counter()
         for _ in range(20000):
             g.cpu()

@@ -125,9 +125,9 @@ def run_one(model: str) -> dict:
     route = "plain"
     if os.environ.get("UMP_ALLOC") == "1":
         import ump_alloc
-        from ump_alloc import _torch
+        from _benchutil import torch_route
 
-        route = _torch.route()
+        route = torch_route()
     step, module = MODELS[model](torch)
     for _ in range(WARMUP):
         step()
