@@ -4,7 +4,7 @@ The stand-in libcuda.so.1 answers like one GPU without HMM/ATS (so NumPy's side 
 memory), and its cuMemHostRegister pins nothing: it records each range and how many of its pages
 were already resident (mincore) when the registration came. A real driver faults in whatever is
 not resident, one 4 KiB page at a time for the memory file's pages; ump-alloc faults a large
-chunk's shared pages in from several threads first (issue 20, BENCHMARKS §22), so every page of
+chunk's shared pages in from several threads first (issue 20, docs/benchmarks-archive.md, "fork() and the pinned host side"), so every page of
 such a chunk must be resident when it is registered. The control, UMP_ALLOC_PINNED_FORK=copy
 (anonymous pages, huge pages where the kernel gives them, left to the registration), shows a
 registration that finds the pages absent. The same program checks what the pinned pages must

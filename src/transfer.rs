@@ -112,7 +112,8 @@ pub struct Plan {
 }
 
 // Rates measured on the lent H100/H200 (PCIe, no HMM/ATS; 1 GiB of float32, 2026-11-21 and
-// 2026-11-22; the DMA and kernel rates are also in docs/BENCHMARKS.md, sections 4, 6 and 14), in
+// 2026-11-22; the DMA and kernel rates are also in docs/benchmarks-archive.md, "Zero-copy against
+// copies", "Kernel bandwidth on ump memory" and "The unchanged pipeline and 1 GiB transfers"), in
 // bytes per second. Only their ratios enter the decision.
 /// DMA copy between pinned host memory and device memory, either way (51-55 GB/s).
 const DMA: f64 = 52e9;

@@ -8,7 +8,7 @@ the host's read (``h.max()``) of either destination. Needs a GPU and CuPy.
 Each line: the median of ``--rounds`` calls in ms, with the fastest and slowest; the GPU
 rewrites the array before each call. It also says whether a new destination gets the same
 address again (the pool hands back the block just freed). This is the probe behind
-docs/BENCHMARKS.md §24's "Where the d2h difference sits".
+docs/benchmarks-archive.md, "Explicit transfers, view or DMA copy", its "Where the d2h difference sits".
 """
 
 from __future__ import annotations

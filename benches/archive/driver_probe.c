@@ -1,4 +1,4 @@
-// Driver probe behind issue 12's design (docs/BENCHMARKS.md section 20): the cost of each CUDA
+// Driver probe behind issue 12's design (docs/benchmarks-archive.md, "Virtual-memory device pool, realloc in place, managed residency"): the cost of each CUDA
 // virtual-memory call and whether it waits for queued work, whether a copy may span two host
 // registrations, the batch discard calls, and the overlap of a background migration to the host
 // with the host's reads. Needs a GPU and the CUDA 13 header:

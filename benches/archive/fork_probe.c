@@ -1,4 +1,4 @@
-// Fork probe behind issue 20's design (docs/BENCHMARKS.md §22): what fork() costs with
+// Fork probe behind issue 20's design (docs/benchmarks-archive.md, "fork() and the pinned host side"): what fork() costs with
 // a large populated (and optionally pinned) host buffer, for three ways of mapping it:
 //
 //   anon      anonymous private memory (ump-alloc's pinned host side before issue 20)

@@ -134,7 +134,7 @@ def shared_pages(path: str = SHMEM_THP) -> str:
     kernel grants them to shared memory only with ``always``, ``within_size``, ``advise`` or
     ``force``. With 4 KiB pages a fork child's first read of the parent's arrays faults the
     pages in (NumPy's own memory is inherited mapped): measured on the lent H100 with
-    ``benches/fork_bench.py --parts fork --gib 2``, docs/BENCHMARKS.md section 22."""
+    ``benches/fork_bench.py --parts fork --gib 2``, docs/benchmarks-archive.md, "fork() and the pinned host side"."""
     chosen = _kernel_choice(path)
     if chosen is None:
         return "4 KiB pages (this kernel has no huge pages for shared memory)"
@@ -156,7 +156,7 @@ def hugetlb_pages(meminfo: str = "/proc/meminfo") -> str | None:
     where too few are free), or, with ``MAP_NORESERVE``, kills the child with ``SIGBUS`` at its
     first write to a page no free huge page is left for; and the pool's 4 KiB hole punches give
     nothing back. Measured on the CPU box with ``benches/archive/hugetlb_fork_probe.c``
-    (docs/BENCHMARKS.md section 32)."""
+    (docs/benchmarks-archive.md, "No CUDA context, the pipelines on the H200, and hugetlb pages")."""
     try:
         with open(meminfo) as f:
             total = next((int(l.split()[1]) for l in f if l.startswith("HugePages_Total:")), 0)
@@ -179,7 +179,7 @@ def private_pages(path: str = THP) -> str:
     allocator advises them; arenas of small blocks are advised small pages, as glibc's heap
     gets (under ``always`` 2 MiB faults made 2,000,000 small arrays 1.10x slower than NumPy's
     default on the CPU box); free pages go back to the OS when the pool grows (issue 35,
-    docs/BENCHMARKS.md section 31)."""
+    docs/benchmarks-archive.md, "Never lose to NumPy's default allocator on the host")."""
     chosen = _kernel_choice(path)
     if chosen is None:
         return "4 KiB pages (this kernel has no transparent huge pages)"

@@ -463,8 +463,9 @@ impl Backing for RegisteredBacking {
 /// Before registering shared-file pages (`shared`): fault them in from several threads at
 /// once. Registering faults in whatever is not yet there, one 4 KiB page at a time where shared
 /// memory gets no transparent huge pages (the lent machines): 0.45-0.6 s per GiB against 0.2 s
-/// for anonymous huge pages; four threads halve it (`benches/archive/pinned_make_probe.c`, BENCHMARKS
-/// §22). Anonymous pages are left to the registration (huge pages: fast already). Pages
+/// for anonymous huge pages; four threads halve it (`benches/archive/pinned_make_probe.c`;
+/// docs/benchmarks-archive.md, "fork() and the pinned host side"). Anonymous pages are left to
+/// the registration (huge pages: fast already). Pages
 /// already there (a chunk NumPy used before it was pinned) are left as they are.
 fn populate(shared: bool, base: usize, size: usize) {
     if !shared || size < POPULATE_PIECE * 2 {

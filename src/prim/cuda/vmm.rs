@@ -1,7 +1,8 @@
 //! CUDA virtual memory management: address space reserved once, physical device memory
 //! created in pieces, mapped into it, and unmapped and released again while the rest of the
 //! range stays in use (NVIDIA's "low-level virtual memory management" API). Measured on the
-//! lent H100 (driver 580, 2026-11-24, `benches/archive/driver_probe.c`, docs/BENCHMARKS.md 20.1):
+//! lent H100 (driver 580, 2026-11-24, `benches/archive/driver_probe.c`; docs/benchmarks-archive.md,
+//! "What the driver does"):
 //! `cuMemCreate` 15–30 µs, `cuMemMap` about 2 µs, `cuMemSetAccess` 30–70 µs per call (one call
 //! covers several mappings), `cuMemUnmap` 20–35 µs and, unlike `cuMemFree`, no wait for the
 //! device's queued work; the granularity is 2 MiB.
