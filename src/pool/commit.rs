@@ -27,6 +27,7 @@
 use super::span::{Fit, SPAN_FREE, Span};
 use super::{Entry, Error, Large, Ordering, Pool, Result, cuda, entry_at, epoch_ms, lock};
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 /// How long committed memory that no block needs stays committed, at most (two windows).
@@ -61,11 +62,29 @@ pub(super) enum Purge {
     All,
 }
 
+/// The commit part of a pool: its backing's commit unit where it commits lazily, and when free
+/// pages are next purged. Private to this file.
+pub(super) struct Commit {
+    /// The backing's commit unit when it commits lazily (None: it maps whole chunks).
+    page: Option<usize>,
+    /// Milliseconds since `EPOCH` when free spans are next looked at.
+    purge_due: AtomicU64,
+}
+
+impl Commit {
+    pub(super) fn new(page: Option<usize>) -> Commit {
+        Commit {
+            page,
+            purge_due: AtomicU64::new(0),
+        }
+    }
+}
+
 impl Pool {
     /// Whether this pool commits physical memory lazily.
     #[inline]
     pub(super) fn lazy(&self) -> bool {
-        self.page.is_some()
+        self.commit.page.is_some()
     }
 
     /// Commit the pages of `[start, start+len)` (a span being handed out), purging free spans
@@ -283,10 +302,12 @@ impl Pool {
     /// At most once per tick: when a window is over, purge what the last two did not need.
     pub(super) fn purge_if_due(&'static self, lg: &mut Large) {
         let ms = epoch_ms(Instant::now());
-        if ms < self.purge_due.load(Ordering::Relaxed) {
+        if ms < self.commit.purge_due.load(Ordering::Relaxed) {
             return;
         }
-        self.purge_due.store(ms + PURGE_TICK_MS, Ordering::Relaxed);
+        self.commit
+            .purge_due
+            .store(ms + PURGE_TICK_MS, Ordering::Relaxed);
         let z = &mut lg.lazy;
         if z.window_start == 0 {
             z.window_start = ms;

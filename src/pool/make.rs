@@ -7,7 +7,7 @@ use crate::backing::{Backing, Kind};
 use crate::prim::cuda;
 use crate::prim::fork::lock;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -72,8 +72,8 @@ impl Pool {
             .map(|_| Mutex::new(ClassState::default()))
             .collect();
         let hot = (0..table.len()).map(|_| AtomicUsize::new(0)).collect();
-        let page = backing.commit_page();
-        let fork_hold = std::sync::atomic::AtomicBool::new(backing.fork_shared());
+        let commit = super::commit::Commit::new(backing.commit_page());
+        let hold = super::hold::ForkHold::new(backing.fork_shared());
         Box::leak(Box::new(Pool {
             kind: backing.kind(),
             device: backing.device(),
@@ -91,12 +91,9 @@ impl Pool {
             over_retain: AtomicBool::new(false),
             hot,
             unmapped: AtomicUsize::new(0),
-            decay_ms: AtomicU64::new(0),
-            decay_due: AtomicU64::new(0),
-            page,
-            purge_due: AtomicU64::new(0),
-            fork_hold,
-            held_seen: AtomicU64::new(0),
+            idle: super::retain::Decay::default(),
+            commit,
+            hold,
             peer: std::sync::OnceLock::new(),
             host_primary: AtomicBool::new(false),
         }))

@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 use crate::prim::cuda;
 use crate::prim::fork::lock;
 use crate::registry::{self, GRANULE};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod blocks;
@@ -199,21 +199,12 @@ pub struct Pool {
     hot: Box<[AtomicUsize]>,
     /// Bytes given back to the backing so far (what `trim` reports).
     unmapped: AtomicUsize,
-    /// How long a wholly free chunk above `retain` is kept before it goes back (milliseconds;
-    /// 0: at once). For memory that is costly to make, such as pinned host memory.
-    decay_ms: AtomicU64,
-    /// Milliseconds since `EPOCH` when idle chunks are next due to go back (0: none waiting).
-    decay_due: AtomicU64,
-    /// The backing's commit unit when it commits lazily (see `commit`).
-    page: Option<usize>,
-    /// Lazily committed pools: milliseconds since `EPOCH` when free spans are next looked at.
-    purge_due: AtomicU64,
-    /// Freed blocks a fork child may still read are held back (pages shared with fork
-    /// children: see `hold`).
-    fork_hold: std::sync::atomic::AtomicBool,
-    /// `shared::drops()` when the held blocks were last looked at: none can go back before it
-    /// changes (see `hold`).
-    held_seen: AtomicU64,
+    /// How long wholly free chunks above `retain` wait before they go back (`retain.rs`).
+    idle: retain::Decay,
+    /// Lazy commitment: the commit unit and when free pages are next purged (`commit.rs`).
+    commit: commit::Commit,
+    /// Freed blocks a fork child may still read are held back (`hold.rs`).
+    hold: hold::ForkHold,
     /// The pool that shares this one's counters and limit, if any (`share_limit_with`).
     peer: std::sync::OnceLock<&'static Pool>,
     /// The host side's primary pool (`mark_host_primary`): the pool small allocations of the

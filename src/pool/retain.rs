@@ -4,7 +4,19 @@
 
 use super::{Pool, commit, tcache};
 use crate::prim::fork::lock;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The decay part of a pool: how long a wholly free chunk above `retain` is kept before it goes
+/// back, and when the first waiting one is due. Private to this file: the pool asks through
+/// `decay`, `set_decay`, `set_decay_due`, `clear_decay_due` and `decay_is_due`.
+#[derive(Default)]
+pub(super) struct Decay {
+    /// Milliseconds a wholly free chunk waits (0: it goes back at once). For memory that is
+    /// costly to make, such as pinned host memory.
+    ms: AtomicU64,
+    /// Milliseconds since `EPOCH` when idle chunks are next due to go back (0: none waiting).
+    due: AtomicU64,
+}
 
 /// The clock `decay_due` counts from.
 static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -25,31 +37,32 @@ impl Pool {
     /// Keep wholly free chunks above `retain` for `decay` before they go back (pinned memory:
     /// a loop that frees and allocates large arrays reuses them instead of pinning anew).
     pub fn set_decay(&self, decay: std::time::Duration) {
-        self.decay_ms
+        self.idle
+            .ms
             .store(decay.as_millis() as u64, Ordering::Relaxed);
     }
 
     pub(super) fn decay(&self) -> Option<std::time::Duration> {
-        match self.decay_ms.load(Ordering::Relaxed) {
+        match self.idle.ms.load(Ordering::Relaxed) {
             0 => None,
             ms => Some(std::time::Duration::from_millis(ms)),
         }
     }
 
     pub(super) fn set_decay_due(&self, at: std::time::Instant) {
-        self.decay_due.store(epoch_ms(at), Ordering::Relaxed);
+        self.idle.due.store(epoch_ms(at), Ordering::Relaxed);
     }
 
     pub(super) fn clear_decay_due(&self) {
-        if self.decay_due.load(Ordering::Relaxed) != 0 {
-            self.decay_due.store(0, Ordering::Relaxed);
+        if self.idle.due.load(Ordering::Relaxed) != 0 {
+            self.idle.due.store(0, Ordering::Relaxed);
         }
     }
 
     /// Whether idle chunks wait for their decay and the first is due (cheap when none wait).
     #[inline]
     pub(super) fn decay_is_due(&self) -> bool {
-        let due = self.decay_due.load(Ordering::Relaxed);
+        let due = self.idle.due.load(Ordering::Relaxed);
         due != 0 && epoch_ms(std::time::Instant::now()) >= due
     }
     /// Whether the pool held more free memory than `retain` allows at its last look, with
