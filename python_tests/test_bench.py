@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ump_alloc import _bench
+from ump_alloc import bench as _bench
 
 
 def _bench_cmd(*args, env=None, timeout=600):

@@ -1,6 +1,6 @@
 """``python -m ump_alloc demo`` runs the demo; ``python -m ump_alloc info`` prints the
 configuration table, the machine's capabilities and the mode; ``stats`` prints the memory
-summary; ``bench`` measures ump-alloc against the default allocators (see ``_bench``)."""
+summary; ``bench`` measures ump-alloc against the default allocators (see ``ump_alloc.bench``)."""
 
 from __future__ import annotations
 
@@ -380,9 +380,9 @@ COMMANDS = {
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
-        from ump_alloc import _bench
+        from ump_alloc import bench
 
-        return _bench.main(argv[1:])
+        return bench.main(argv[1:])
     p = argparse.ArgumentParser(
         prog="python -m ump_alloc",
         description="ump-alloc: one allocator for NumPy, CuPy and PyTorch.",
