@@ -88,6 +88,12 @@ def install(route: str | None = None, fast_cpu: bool | None = None, unified: boo
     from . import _torch_transfer
 
     want = route_setting(route)
+    # The transfer switches are read (and a refused value raised) before anything is hooked,
+    # so that a bad setting leaves PyTorch as it was.
+    switches = {
+        "fast_cpu": _config.setting("UMP_ALLOC_TORCH_FAST_CPU") == "1" if fast_cpu is None else bool(fast_cpu),
+        "unified": _config.setting("UMP_ALLOC_TORCH_UNIFIED") == "1" if unified is None else bool(unified),
+    }
     if _state["installed"]:
         if want == "segments" and _state["route"] == "segments" and not _hooked():
             _hook(torch)  # enable() after disable()
@@ -98,7 +104,7 @@ def install(route: str | None = None, fast_cpu: bool | None = None, unified: boo
                 RuntimeWarning,
                 stacklevel=4,
             )
-        _torch_transfer.install(torch, fast_cpu=fast_cpu, unified=unified)
+        _torch_transfer.install(torch, **switches)
         return
     # No torch.cuda.is_available() here: it starts the CUDA driver (about 0.5 s), which a
     # process that imports PyTorch but never uses a GPU (a spawn DataLoader worker) must not
@@ -128,7 +134,7 @@ def install(route: str | None = None, fast_cpu: bool | None = None, unified: boo
     if _state["route"] == "segments":
         _patch_empty_cache(torch)
     _patch_ipc(torch)
-    _torch_transfer.install(torch, fast_cpu=fast_cpu, unified=unified)
+    _torch_transfer.install(torch, **switches)
 
 
 def uninstall() -> None:

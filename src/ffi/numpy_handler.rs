@@ -150,7 +150,11 @@ pub unsafe extern "C" fn ump_numpy_dispatch_handler(
         }
         // SAFETY: non-NULL, and per this function's contract a live handler.
         let theirs = unsafe { (*fallback).allocator };
-        let refuse = dispatch::stand_in_for(theirs, &[&HANDLER.0.allocator, &ours.allocator]).err();
+        // SAFETY: per this function's contract, the handler's functions stay valid for the
+        // life of the process (NumPy's default handler's do).
+        let refuse =
+            unsafe { dispatch::stand_in_for(theirs, &[&HANDLER.0.allocator, &ours.allocator]) }
+                .err();
         match refuse {
             Some(e) => {
                 error::report(&e.context(NAME));

@@ -171,10 +171,7 @@ pub unsafe extern "C" fn ump_torch_attach(
 
 // ---- the segments route ------------------------------------------------------------------
 
-/// `cudaError_t cudaMalloc(void **devPtr, size_t size)`.
-type CudaMalloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
-/// `cudaError_t cudaFree(void *devPtr)`.
-type CudaFree = unsafe extern "C" fn(*mut c_void) -> c_int;
+use segments::{CudaFree, CudaMalloc};
 
 const CUDA_SUCCESS: c_int = 0;
 const CUDA_ERROR_INVALID_VALUE: c_int = 1;
@@ -183,8 +180,8 @@ const CUDA_ERROR_MEMORY_ALLOCATION: c_int = 2;
 /// The hooks the segments route puts in `libc10_cuda`'s slots.
 fn hooks() -> segments::Hooks {
     segments::Hooks {
-        malloc: segment_malloc as CudaMalloc as usize,
-        free: segment_free as CudaFree as usize,
+        malloc: segment_malloc,
+        free: segment_free,
     }
 }
 

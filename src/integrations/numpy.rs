@@ -19,11 +19,18 @@ static FALLBACK: OnceLock<Fallback> = OnceLock::new();
 /// Whether the dispatch handler allocates new blocks from ump-alloc.
 static DISPATCH_ON: AtomicBool = AtomicBool::new(false);
 
-/// Let the dispatch handler stand in for `theirs`, whose functions stay valid for the life of
-/// the process. `ours` are ump-alloc's own handlers, which it must not stand in for. Refused:
-/// an incomplete handler or one of ours (`UMP_ERR_INVALID`), another handler than the first
-/// one (`UMP_ERR_LOCKED`).
-pub fn stand_in_for(theirs: ump_numpy_allocator, ours: &[&ump_numpy_allocator]) -> Result<()> {
+/// Let the dispatch handler stand in for `theirs`. `ours` are ump-alloc's own handlers, which
+/// it must not stand in for. Refused: an incomplete handler or one of ours (`UMP_ERR_INVALID`),
+/// another handler than the first one (`UMP_ERR_LOCKED`).
+///
+/// # Safety
+/// `theirs` is a NumPy handler's allocator whose functions (and context) stay valid for the
+/// life of the process and may be called from any thread, as NumPy's default handler's are:
+/// the dispatch handler calls them for every block that is not ump-alloc's.
+pub unsafe fn stand_in_for(
+    theirs: ump_numpy_allocator,
+    ours: &[&ump_numpy_allocator],
+) -> Result<()> {
     if !theirs.complete() {
         return Err(Error::invalid("the fallback handler lacks a function"));
     }

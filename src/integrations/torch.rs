@@ -8,26 +8,32 @@ use crate::allocator;
 use crate::error::{Error, Result};
 use crate::prim::elf;
 use crate::prim::fork::lock;
-use std::ffi::c_char;
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The addresses of the two hooks a slot is swapped to.
+/// `cudaError_t cudaMalloc(void **devPtr, size_t size)`.
+pub type CudaMalloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+/// `cudaError_t cudaFree(void *devPtr)`.
+pub type CudaFree = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+/// The two hooks the slots are swapped to: functions with the C signatures of the ones the
+/// slots import (the types say so), which live as long as this library.
 #[derive(Clone, Copy, Debug)]
 pub struct Hooks {
     /// Goes in every `cudaMalloc` slot.
-    pub malloc: usize,
+    pub malloc: CudaMalloc,
     /// Goes in every `cudaFree` slot.
-    pub free: usize,
+    pub free: CudaFree,
 }
 
 impl Hooks {
-    /// The function a slot importing `symbol` is swapped to while hooked.
+    /// The address of the function a slot importing `symbol` is swapped to while hooked.
     fn of(self, symbol: &str) -> usize {
         if symbol == "cudaFree" {
-            self.free
+            self.free as usize
         } else {
-            self.malloc
+            self.malloc as usize
         }
     }
 }

@@ -160,8 +160,10 @@ pub(crate) fn fork_lock_load(held: &mut crate::prim::fork::Held) {
 
 /// Whether the configuration says to behave as if no CUDA driver were installed
 /// (`UMP_ALLOC_NO_CUDA=1`), asked each time the driver would be loaded. The crate root sets it
-/// when the library loads, to the configuration table's reading of the variable: this layer
-/// reads no setting itself. Unset (never, outside this crate's unit tests), the driver loads.
+/// when the library loads (its `.init_array` constructor, which runs in the shared library and
+/// in every test binary built from this crate), to the configuration table's reading of the
+/// variable: this layer reads no setting itself. A build whose constructor did not run would
+/// leave it unset and load the driver: debug builds stop there.
 static DISABLED: OnceLock<fn() -> bool> = OnceLock::new();
 
 /// Set the question [`DISABLED`] asks (once; later calls change nothing).
@@ -170,6 +172,10 @@ pub fn set_disabled_check(check: fn() -> bool) {
 }
 
 fn open_driver() -> std::result::Result<Driver, String> {
+    debug_assert!(
+        DISABLED.get().is_some(),
+        "the crate root's load-time constructor did not run (UMP_ALLOC_NO_CUDA unread)"
+    );
     if DISABLED.get().is_some_and(|disabled| disabled()) {
         return Err("UMP_ALLOC_NO_CUDA=1".into());
     }
