@@ -575,7 +575,8 @@ int ump_config_describe(const char *name, const char *value, char *out, size_t o
 // `NAME="value": expected ...`, not counted as an error in `ump_stats`); `UMP_ERR_INVALID` for
 // a name with no row or an `out_len` too small for the value and its NUL; `UMP_ERR_NULL`.
 // `out` is written only on success. The Python package reads every `UMP_ALLOC_*` variable it
-// acts on through this, so that the table is the one reading of the environment.
+// acts on through this, so that the table is the one reading of the environment. A row whose
+// default is not a value (`UMP_ALLOC_LIBRARY`'s `(packaged)`) gives that text when unset.
 //
 // # Safety
 // `name` is NULL or a NUL-terminated string; `out` is NULL or writable for `out_len` bytes.
