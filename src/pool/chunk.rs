@@ -18,8 +18,9 @@ impl Pool {
     /// says when to look again.
     pub(super) fn enforce_retain(&'static self, lg: &mut Large) {
         let budget = self
-            .retain
-            .saturating_sub(self.kept_slabs.load(Ordering::Relaxed));
+            .retention
+            .bound()
+            .saturating_sub(self.retention.kept_slabs());
         let decay = self.decay();
         let mut now = None;
         while lg.free_bytes + lg.quick_bytes > budget {
@@ -204,7 +205,7 @@ impl Pool {
         unsafe { self.backing.unmap(&chunk) };
         self.stats.on_unmap(phys);
         self.stats.on_unreserve(chunk.raw_size);
-        self.unmapped.fetch_add(phys, Ordering::Relaxed);
+        self.retention.note_unmapped(phys);
         phys
     }
 

@@ -294,7 +294,7 @@ impl Pool {
         if n > 0 {
             lg.lazy.committed -= n;
             self.stats.on_unmap(n);
-            self.unmapped.fetch_add(n, Ordering::Relaxed);
+            self.retention.note_unmapped(n);
         }
         n
     }

@@ -185,20 +185,13 @@ pub struct Pool {
     group: Option<&'static dyn Group>,
     pub(crate) retire_event: Mutex<Option<Arc<cuda::Event>>>,
     limit: Option<usize>,
-    /// Free bytes kept in forms that could go back to the backing (see the module docs).
-    retain: usize,
-    /// Bytes of wholly free slabs kept for reuse (part of what `retain` bounds).
-    kept_slabs: AtomicUsize,
-    /// The free memory the pool holds is above `retain` and nothing could go back at the last
-    /// look (`enforce_retain`): free spans sit in chunks that something pins. A slot cached
-    /// by a thread whose slab holds no live block may be what pins one (see `tcache`).
-    over_retain: AtomicBool,
+    /// What the pool keeps: the `retain` bound, the kept empty slabs, whether it is over the
+    /// bound with nothing to give back, and what it gave back so far (`retain.rs`).
+    retention: retain::Retention,
     /// Stream-ordered pools (no thread cache): per class, the last freed slot, kept out of its
     /// slab so that an alloc+free pair on one stream takes one atomic swap each and no lock.
     /// See `small.rs` (`take_hot`, `put_hot`, `drain_hot`).
     hot: Box<[AtomicUsize]>,
-    /// Bytes given back to the backing so far (what `trim` reports).
-    unmapped: AtomicUsize,
     /// How long wholly free chunks above `retain` wait before they go back (`retain.rs`).
     idle: retain::Decay,
     /// Lazy commitment: the commit unit and when free pages are next purged (`commit.rs`).

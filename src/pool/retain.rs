@@ -4,7 +4,63 @@
 
 use super::{Pool, commit, tcache};
 use crate::prim::fork::lock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// The retention part of a pool: the bound on the free memory it keeps in forms that could go
+/// back to the backing (`retain`, see the module docs of `pool`), the bytes of wholly free slabs
+/// it keeps for reuse (part of what the bound covers), whether it was over the bound with
+/// nothing it could give back at its last look, and the bytes it gave back so far. Private to
+/// this file: the rest of the pool asks through the methods below.
+pub(super) struct Retention {
+    bound: usize,
+    kept_slabs: AtomicUsize,
+    /// Free spans sit in chunks that something pins (`enforce_retain`). A slot cached by a
+    /// thread whose slab holds no live block may be what pins one (see `tcache`).
+    over: AtomicBool,
+    /// What `trim` reports.
+    unmapped: AtomicUsize,
+}
+
+impl Retention {
+    pub(super) fn new(bound: usize) -> Retention {
+        Retention {
+            bound,
+            kept_slabs: AtomicUsize::new(0),
+            over: AtomicBool::new(false),
+            unmapped: AtomicUsize::new(0),
+        }
+    }
+
+    /// The `retain` bound in bytes.
+    #[inline]
+    pub(super) fn bound(&self) -> usize {
+        self.bound
+    }
+
+    /// Bytes of wholly free slabs kept for reuse.
+    #[inline]
+    pub(super) fn kept_slabs(&self) -> usize {
+        self.kept_slabs.load(Ordering::Relaxed)
+    }
+
+    /// A wholly free slab of `bytes` is kept.
+    #[inline]
+    pub(super) fn keep_slab(&self, bytes: usize) {
+        self.kept_slabs.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Kept slabs of `bytes` in all are in use again or gone back.
+    #[inline]
+    pub(super) fn unkeep_slabs(&self, bytes: usize) {
+        self.kept_slabs.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// `n` bytes went back to the backing.
+    #[inline]
+    pub(super) fn note_unmapped(&self, n: usize) {
+        self.unmapped.fetch_add(n, Ordering::Relaxed);
+    }
+}
 
 /// The decay part of a pool: how long a wholly free chunk above `retain` is kept before it goes
 /// back, and when the first waiting one is due. Private to this file: the pool asks through
@@ -69,7 +125,7 @@ impl Pool {
     /// nothing it could give back (see `enforce_retain`).
     #[inline]
     pub(crate) fn over_retain(&self) -> bool {
-        self.over_retain.load(Ordering::Relaxed)
+        self.retention.over.load(Ordering::Relaxed)
     }
 
     /// The pool holds more free memory than `retain` allows and could give none back: what
@@ -84,8 +140,8 @@ impl Pool {
     }
 
     pub(super) fn set_over_retain(&self, over: bool) {
-        if self.over_retain.load(Ordering::Relaxed) != over {
-            self.over_retain.store(over, Ordering::Relaxed);
+        if self.retention.over.load(Ordering::Relaxed) != over {
+            self.retention.over.store(over, Ordering::Relaxed);
         }
     }
     /// Return every cached byte that can be returned, whichever thread cached it: thread
@@ -93,7 +149,7 @@ impl Pool {
     /// free set, and wholly free chunks to the backing. Returns the bytes given back to the
     /// backing meanwhile.
     pub fn trim(&'static self) -> usize {
-        let before = self.unmapped.load(Ordering::Relaxed);
+        let before = self.retention.unmapped.load(Ordering::Relaxed);
         self.release_held(true);
         if self.is_stream_ordered() {
             self.drain_hot();
@@ -109,7 +165,7 @@ impl Pool {
         }
         self.release_free_chunks(&mut lg, 0);
         drop(lg);
-        self.unmapped.load(Ordering::Relaxed) - before
+        self.retention.unmapped.load(Ordering::Relaxed) - before
     }
 
     /// Everything an out-of-memory retry may give back first: the device's idle memory of

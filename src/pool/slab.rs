@@ -292,7 +292,7 @@ impl Pool {
     pub(super) fn take_slots(&'static self, st: &mut ClassState, want: usize, out: &mut Vec<Slot>) {
         let revived = st.take(want, out);
         if revived > 0 {
-            self.kept_slabs.fetch_sub(revived, Ordering::Relaxed);
+            self.retention.unkeep_slabs(revived);
         }
     }
 
@@ -367,19 +367,18 @@ impl Pool {
     fn keep_empty(&'static self, st: &mut ClassState, slab: &'static Slab) -> bool {
         if let Some(&old) = st.empty.last() {
             st.unlist(old);
-            self.kept_slabs
-                .fetch_sub(st.slabs[old].desc.bytes(), Ordering::Relaxed);
+            self.retention.unkeep_slabs(st.slabs[old].desc.bytes());
             self.release_slab(st, old);
         }
         let bytes = slab.bytes();
         if self.is_retired()
             || self.over_retain()
-            || self.kept_slabs.load(Ordering::Relaxed) + bytes > self.retain / 2
+            || self.retention.kept_slabs() + bytes > self.retention.bound() / 2
         {
             // Over the bound, a kept slab would pin its chunk too.
             return false;
         }
-        self.kept_slabs.fetch_add(bytes, Ordering::Relaxed);
+        self.retention.keep_slab(bytes);
         st.empty.push(slab.id);
         st.slabs[slab.id].at = At::Empty(st.empty.len() - 1);
         true
@@ -408,8 +407,7 @@ impl Pool {
             let mut st = lock(&self.classes[ci]);
             while let Some(&id) = st.empty.last() {
                 st.unlist(id);
-                self.kept_slabs
-                    .fetch_sub(st.slabs[id].desc.bytes(), Ordering::Relaxed);
+                self.retention.unkeep_slabs(st.slabs[id].desc.bytes());
                 self.release_slab(&mut st, id);
             }
         }

@@ -69,7 +69,7 @@ impl Pool {
             sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
         }
         if sp.is_whole_chunk()
-            || len > QUICK_MAX_BYTES.min(self.retain)
+            || len > QUICK_MAX_BYTES.min(self.retention.bound())
             || self.is_retired()
             || self.lazy()
         {
