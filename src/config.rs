@@ -418,7 +418,12 @@ pub fn setting(name: &str, get: impl Fn(&str) -> Option<String>) -> Result<Strin
 /// were installed: read through its row now (a value the row refuses reads as no; the
 /// configuration check reports it). The CUDA layer asks this before it loads the driver.
 pub fn no_cuda_in_env() -> bool {
-    setting("UMP_ALLOC_NO_CUDA", |k| std::env::var(k).ok()).is_ok_and(|v| v == "1")
+    setting_in_env("UMP_ALLOC_NO_CUDA").is_ok_and(|v| v == "1")
+}
+
+/// [`setting`] of the process environment now (what `ump_config_setting` answers).
+pub fn setting_in_env(name: &str) -> Result<String> {
+    setting(name, |k| std::env::var(k).ok())
 }
 
 /// A switch, for people: "1 (on)" or "0 (off)".

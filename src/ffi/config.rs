@@ -114,7 +114,7 @@ pub unsafe extern "C" fn ump_config_setting(
             }
             // SAFETY: non-NULL and NUL-terminated by the caller's contract.
             let name = unsafe { CStr::from_ptr(name) }.to_string_lossy();
-            let value = crate::config::setting(&name, |k| std::env::var(k).ok())?;
+            let value = crate::config::setting_in_env(&name)?;
             // SAFETY: `out` is non-NULL and writable for `out_len` bytes (caller's contract).
             unsafe { write_text(out, out_len, &value) }
         })();
