@@ -80,7 +80,7 @@ def test_handles_same_before_and_after_enable(when):
 
 def test_namespace_is_the_public_api():
     public = {n for n in dir(ump_alloc) if not n.startswith("_")}
-    submodules = {"numba", "dask", "allocators"}  # loaded on demand
+    submodules = {"numba", "dask", "allocators", "bench"}  # loaded on demand
     assert public - submodules <= set(ump_alloc.__all__), sorted(public - set(ump_alloc.__all__) - submodules)
     for n in ump_alloc.__all__:
         assert hasattr(ump_alloc, n), n
