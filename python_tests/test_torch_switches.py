@@ -66,3 +66,39 @@ def test_pytorch_allocator_settings_leave_pytorch_its_memory():
     finally:
         _torch._state.clear()
         _torch._state.update(saved)
+
+
+def test_a_refused_switch_leaves_pytorch_as_it_was():
+    """A transfer switch the table refuses (here set after the library started, which checked
+    the environment then) raises before anything of PyTorch's is hooked or swapped: the
+    program's PyTorch stays on its own allocator. Control: a valid value goes on to hook."""
+    code = (
+        "import json, os, sys, types\n"
+        "import ump_alloc\n"
+        "from ump_alloc import _config, _torch\n"
+        "_config.init()\n"
+        "sys.modules['torch'] = types.SimpleNamespace(__version__='0')\n"
+        "calls = []\n"
+        "_torch._segments_unavailable = lambda torch: calls.append('probe') or 'stand-in'\n"
+        "_torch._fall_back = lambda torch, why: calls.append('fall back')\n"
+        "_torch._patch_ipc = lambda torch: None\n"
+        "import ump_alloc._torch_transfer as tt\n"
+        "tt.install = lambda torch, **kw: calls.append(('transfer', kw))\n"
+        "out = {}\n"
+        "os.environ['UMP_ALLOC_TORCH_FAST_CPU'] = os.environ['LATER']\n"
+        "try:\n"
+        "    _torch.install(route='segments')\n"
+        "except ump_alloc.UmpError as e:\n"
+        "    out['error'] = str(e)\n"
+        "out['calls'] = calls\n"
+        "out['installed'] = _torch._state['installed']\n"
+        "print(json.dumps(out))\n"
+    )
+    import json
+
+    bad = json.loads(run_python(code, env={"LATER": "yes"}).stdout.strip().splitlines()[-1])
+    assert 'UMP_ALLOC_TORCH_FAST_CPU="yes"' in bad.get("error", ""), bad
+    assert bad["calls"] == [] and bad["installed"] is False, bad
+    good = json.loads(run_python(code, env={"LATER": "0"}).stdout.strip().splitlines()[-1])
+    assert "error" not in good and good["calls"][0] == "probe", good
+    assert good["calls"][-1] == ["transfer", {"fast_cpu": False, "unified": False}], good
