@@ -1,7 +1,10 @@
 //! The capabilities that decide which modes work (the machine's and each device's), and the
 //! probe that reads them from the driver. Which mode they lead to is `mode`'s policy.
 
-use super::{CUDA_SUCCESS, CUdevice, CUdevice_attribute, Driver, c_char, c_int, driver, vmm};
+use super::libcuda::{CUDA_SUCCESS, Driver, driver};
+use super::vmm;
+use cudarc::driver::sys::{CUdevice, CUdevice_attribute};
+use std::ffi::{c_char, c_int};
 
 /// The capabilities of one device that decide which modes work.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

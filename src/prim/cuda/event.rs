@@ -1,10 +1,12 @@
 //! Events recorded on streams (what stream-ordered reuse waits for), and the cache that
 //! spares a driver call per event.
 
-use super::{
-    CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CUevent, CUstream, Driver, Mutex, Result, c_uint, check,
-    driver, lock, with_device,
-};
+use super::libcuda::{CUDA_ERROR_NOT_READY, CUDA_SUCCESS, Driver, check, driver, with_device};
+use crate::error::Result;
+use crate::prim::fork::lock;
+use cudarc::driver::sys::{CUevent, CUstream};
+use std::ffi::c_uint;
+use std::sync::Mutex;
 
 const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 

@@ -5,7 +5,9 @@
 //! prefetched takes about 2 s (every page faults), while discard-and-prefetch then the write
 //! takes 2.1–2.4 ms. So a discarded range is always prefetched before it is used again.
 
-use super::{CUdeviceptr, CUstream, Result, check, driver, location, with_device};
+use super::libcuda::{check, driver, location, with_device};
+use crate::error::Result;
+use cudarc::driver::sys::{CUdeviceptr, CUstream};
 
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
 const CU_STREAM_PER_THREAD: usize = 2;

@@ -1,10 +1,10 @@
 //! Memory calls: managed and device allocations, host registration, advice and prefetches
 //! of managed memory, and a device's free memory.
 
-use super::{
-    CUdeviceptr, CUmem_advise, CUstream, Result, c_uint, c_void, check, driver, location,
-    with_device,
-};
+use super::libcuda::{check, driver, location, with_device};
+use crate::error::Result;
+use cudarc::driver::sys::{CUdeviceptr, CUmem_advise, CUstream};
+use std::ffi::{c_uint, c_void};
 
 const CU_MEM_ATTACH_GLOBAL: c_uint = 1;
 const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 1;

@@ -1,6 +1,8 @@
 //! What the driver knows of an address that is not ours (`cuPointerGetAttributes`).
 
-use super::{CUDA_SUCCESS, CUdeviceptr, CUpointer_attribute, c_int, c_void, driver};
+use super::libcuda::{CUDA_SUCCESS, driver};
+use cudarc::driver::sys::{CUdeviceptr, CUpointer_attribute};
+use std::ffi::{c_int, c_void};
 
 /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)` values.
 pub(crate) const CU_MEMORYTYPE_HOST: u32 = 1;

@@ -1,7 +1,10 @@
 //! Streams and synchronisation: ump-alloc's own streams, and waiting for a stream or a whole
 //! device.
 
-use super::{CUstream, Result, c_uint, check, context_active, with_device};
+use super::libcuda::{check, context_active, with_device};
+use crate::error::Result;
+use cudarc::driver::sys::CUstream;
+use std::ffi::c_uint;
 
 /// A new non-blocking stream on `device` (for ump-alloc's own background work; never
 /// destroyed).

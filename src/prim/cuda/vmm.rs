@@ -7,14 +7,16 @@
 //! covers several mappings), `cuMemUnmap` 20–35 µs and, unlike `cuMemFree`, no wait for the
 //! device's queued work; the granularity is 2 MiB.
 
-use super::{
-    CUDA_SUCCESS, CUdeviceptr, CUmemAccessDesc, CUmemGenericAllocationHandle, Driver, Error,
-    OnceLock, Result, check, device_count, driver, err_name, location, with_device,
+use super::libcuda::{
+    CUDA_SUCCESS, Driver, check, device_count, driver, err_name, location, with_device,
 };
+use crate::error::{Error, Result};
+use cudarc::driver::sys::{CUdeviceptr, CUmemAccessDesc, CUmemGenericAllocationHandle};
 use cudarc::driver::sys::{
     CUmemAccess_flags, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
     CUmemAllocationProp, CUmemAllocationType,
 };
+use std::sync::OnceLock;
 
 /// Whether the driver has every call this file makes.
 pub(super) fn supported(d: &Driver) -> bool {
