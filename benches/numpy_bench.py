@@ -15,47 +15,8 @@ import platform
 import subprocess
 import sys
 
-# The workloads `python -m ump_alloc bench` runs too, as the same text (a bench uses only the
-# package's public API; python_tests/test_bench.py checks that the two copies are equal).
-# Each returns a checksum (the same under both allocators).
-NUMPY_WORKLOADS = r'''
-def small():
-    # Typical small-array Python code: many short-lived arrays of 8 B .. 8 KiB.
-    acc = 0.0
-    for i in range(20000):
-        a = np.arange(i % 64 + 1, dtype=np.float64)
-        b = a * 2.0 + 1.0
-        c = np.sqrt(b)
-        d = np.concatenate((c, a[:3]))
-        acc += float(d.sum())
-    return acc
-
-def medium():
-    acc = 0.0
-    for i in range(2000):
-        a = np.ones(20000 + i)
-        b = np.exp(a * 0.5)
-        acc += float(b[-1])
-    return acc
-
-def large():
-    acc = 0.0
-    for i in range(6):
-        a = np.zeros(32 * 2**20 // 8)        # 32 MiB calloc
-        a += 1.0
-        b = np.empty_like(a)                 # 32 MiB malloc
-        np.multiply(a, 3.0, out=b)
-        acc += float(b[::4096].sum())
-    return acc
-
-def resize():
-    a = np.zeros(0)
-    for i in range(3000):
-        a = np.append(a, i)                  # realloc-style growth
-    return float(a.sum())
-
-WORKLOADS = [("small", small), ("medium", medium), ("large", large), ("resize", resize)]
-'''
+# The workloads `python -m ump_alloc bench` runs too, as the same text.
+from ump_alloc.bench import NUMPY_WORKLOADS
 
 WORKER = r'''
 import json, sys, time

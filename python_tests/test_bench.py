@@ -134,8 +134,8 @@ def test_numpy_workloads_write_and_read_every_array():
 
 def test_numpy_bench_runs_the_same_workloads():
     """benches/numpy_bench.py and `python -m ump_alloc bench` run the same workloads, so their
-    NumPy numbers measure the same thing (the bench holds a copy of the text: it imports nothing
-    private from the package)."""
+    NumPy numbers measure the same thing (the bench takes the text from the public
+    ``ump_alloc.bench``)."""
     import importlib.util
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ setting beat every round of the other; otherwise the row says "same within noise
 
 The workloads do what programs do with their memory: every array is written and read.
 
-- NumPy: the four workloads of ``benches/numpy_bench.py`` (a copy, kept equal by a test): many small arrays
+- NumPy: the four workloads of ``benches/numpy_bench.py`` (it imports them from here): many small arrays
   (arange, ufuncs, concatenate, sum), 2,000 arrays of 160 KB, 32 MiB arrays (zeros, ``+=``,
   ``empty_like``, multiply, sum), and a growing ``np.append``. These are loops that do little
   but allocate (marked ``*``): they show the allocator's own cost, not what a program gains.
