@@ -36,18 +36,11 @@ _orig: dict = {}
 _state = {"fast_cpu": False, "unified": False}
 
 
-def _switch(name: str) -> bool:
-    """A ``UMP_ALLOC_*`` switch, read through the library's configuration table (its default
-    where unset)."""
-    from . import _config
-
-    return _config.setting(name) == "1"
-
-
-def install(torch, fast_cpu: bool | None = None, unified: bool | None = None) -> None:
-    """Patch ``torch.Tensor.cpu``/``to``/``numpy`` (once). ``None``: the ``UMP_ALLOC_*`` switch."""
-    _state["fast_cpu"] = _switch("UMP_ALLOC_TORCH_FAST_CPU") if fast_cpu is None else bool(fast_cpu)
-    _state["unified"] = _switch("UMP_ALLOC_TORCH_UNIFIED") if unified is None else bool(unified)
+def install(torch, fast_cpu: bool, unified: bool) -> None:
+    """Patch ``torch.Tensor.cpu``/``to``/``numpy`` (once) for the switches given (``_torch.install``
+    reads ``UMP_ALLOC_TORCH_FAST_CPU``/``UMP_ALLOC_TORCH_UNIFIED`` where its caller left them)."""
+    _state["fast_cpu"] = bool(fast_cpu)
+    _state["unified"] = bool(unified)
     if _orig or not (_state["fast_cpu"] or _state["unified"]):
         return
     T = torch.Tensor
