@@ -379,17 +379,20 @@ fn parse_side<T>(
         .ok_or_else(|| format!("unknown side; expected {expected}"))
 }
 
+/// The row of variable `name`, or `UMP_ERR_INVALID` for a name with none.
+fn row(name: &str) -> Result<&'static Var> {
+    VARS.iter()
+        .find(|v| v.name() == name)
+        .ok_or_else(|| Error::invalid(format!("no configuration variable {name:?}")))
+}
+
 /// What `value` means for variable `name`, parsed exactly as [`Config::from_lookup`] parses it
 /// (the other variables unset): "8 GiB (8589934592 bytes)" for `UMP_ALLOC_LIMIT=8GB`, "11.7 GiB
 /// (...) of 23.4 GiB (...)" for `UMP_ALLOC_PINNED_LIMIT=50%` with `memory` bytes available. An
 /// invalid value gives the error `from_lookup` gives; a row with no parsed form (a path) gives
 /// the value back; a name with no row gives `UMP_ERR_INVALID`.
 pub fn describe(name: &str, value: &str, memory: usize) -> Result<String> {
-    let Some(var) = VARS.iter().find(|v| v.name() == name) else {
-        return Err(Error::invalid(format!(
-            "no configuration variable {name:?}"
-        )));
-    };
+    let var = row(name)?;
     let c = Config::from_lookup(|k| (k == name).then(|| value.to_string()))?;
     Ok((var.show)(&c, value.trim(), memory))
 }
@@ -400,11 +403,7 @@ pub fn describe(name: &str, value: &str, memory: usize) -> Result<String> {
 /// `UMP_ERR_INVALID`. The Python package asks this for every variable it acts on, so that the
 /// table is the one reading of the environment.
 pub fn setting(name: &str, get: impl Fn(&str) -> Option<String>) -> Result<String> {
-    let Some(var) = VARS.iter().find(|v| v.name() == name) else {
-        return Err(Error::invalid(format!(
-            "no configuration variable {name:?}"
-        )));
-    };
+    let var = row(name)?;
     let value = get(name)
         .map(|v| v.trim().to_string())
         .filter(|v| !v.is_empty())
