@@ -344,15 +344,24 @@ impl Config {
     /// [`Config::from_lookup`], every row reading into `c`.
     fn read_rows(mut c: Config, get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         for var in VARS {
-            let name = var.name();
-            let set = get(name)
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty());
-            let value = set.as_deref().unwrap_or(var.default());
-            (var.read)(&mut c, value)
-                .map_err(|e| Error::config(format!("{name}={value:?}: {e}")))?;
+            var.read_into(&mut c, &get)?;
         }
         Ok(c)
+    }
+}
+
+impl Var {
+    /// Read this row's value from `get` into `c`: the value trimmed, or the row's default
+    /// where it is unset or empty; a value the row refuses is the error `NAME="value": ...`.
+    /// Returns the value read.
+    fn read_into(&self, c: &mut Config, get: impl Fn(&str) -> Option<String>) -> Result<String> {
+        let name = self.name();
+        let value = get(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| self.default().to_string());
+        (self.read)(c, &value).map_err(|e| Error::config(format!("{name}={value:?}: {e}")))?;
+        Ok(value)
     }
 }
 
@@ -403,14 +412,7 @@ pub fn describe(name: &str, value: &str, memory: usize) -> Result<String> {
 /// `UMP_ERR_INVALID`. The Python package asks this for every variable it acts on, so that the
 /// table is the one reading of the environment.
 pub fn setting(name: &str, get: impl Fn(&str) -> Option<String>) -> Result<String> {
-    let var = row(name)?;
-    let value = get(name)
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| var.default().to_string());
-    (var.read)(&mut Config::unread(), &value)
-        .map_err(|e| Error::config(format!("{name}={value:?}: {e}")))?;
-    Ok(value)
+    row(name)?.read_into(&mut Config::unread(), get)
 }
 
 /// Whether `UMP_ALLOC_NO_CUDA` in the process environment says to behave as if no CUDA driver
