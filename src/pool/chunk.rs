@@ -5,7 +5,7 @@
 //! `retain` and decay (`enforce_retain`), on `trim`, or to make room under a limit.
 
 use super::span::{Large, Span};
-use super::{Arc, Chunk, Error, Kind, Ordering, Pool, Result, cuda, lock, registry};
+use super::{Arc, Chunk, Error, Fence, Kind, Ordering, Pool, Result, lock, registry};
 use std::time::Instant;
 
 impl Pool {
@@ -140,14 +140,10 @@ impl Pool {
         // Discards of the chunk's blocks go first: the event covers them.
         self.flush_discards(lg);
         lg.take_event(base);
-        match cuda::Event::record(self.stream(), self.device) {
-            Ok(ev) => lg.events.push((base, ev)),
-            Err(_) => {
-                if let Some(g) = self.group {
-                    g.count_sync();
-                }
-                let _ = cuda::device_synchronize(self.device);
-            }
+        if let Some(g) = self.group
+            && let Some(fence) = g.fence(self.stream())
+        {
+            lg.events.push((base, fence));
         }
     }
 
@@ -189,15 +185,12 @@ impl Pool {
             crate::migrate::quiesce(start, start + sp.len());
         }
         let chunk = self.detach_chunk(lg, sp);
-        if let Some(ev) = lg.take_event(start) {
-            if ev.wait().is_err() {
-                let _ = cuda::device_synchronize(self.device);
-            }
+        if let Some(fence) = lg.take_event(start) {
+            fence.wait();
         } else if self.is_retired()
-            && let Some(ev) = lock(&self.retire_event).as_ref()
-            && ev.wait().is_err()
+            && let Some(fence) = lock(&self.retire_event).as_ref()
         {
-            let _ = cuda::device_synchronize(self.device);
+            fence.wait();
         }
         let phys = self.backing.physical(&chunk);
         // SAFETY: the chunk is wholly free, no longer registered, and no queued work of its
@@ -227,7 +220,7 @@ impl Pool {
     pub(crate) fn take_idle_chunk(
         &'static self,
         min: usize,
-    ) -> Option<(Chunk, Option<cuda::Event>)> {
+    ) -> Option<(Chunk, Option<Box<dyn Fence>>)> {
         let mut lg = lock(&self.large);
         if lg.idle.range((min, 0)..).next().is_none() {
             self.flush_quick(&mut lg);
@@ -245,16 +238,9 @@ impl Pool {
     pub(crate) fn retire(&'static self) {
         // The last use of the stream's handle besides the fence below.
         self.flush_discards(&mut lock(&self.large));
-        let fence = if self.ordered() {
-            match cuda::Event::record(self.stream(), self.device) {
-                Ok(ev) => Some(Arc::new(ev)),
-                Err(_) => {
-                    let _ = cuda::device_synchronize(self.device);
-                    None
-                }
-            }
-        } else {
-            None
+        let fence: Option<Arc<dyn Fence>> = match self.group {
+            Some(g) if g.ordered() => g.fence(self.stream()).map(Arc::from),
+            _ => None,
         };
         *lock(&self.retire_event) = fence;
         self.key.fetch_or(1, Ordering::AcqRel);

@@ -25,7 +25,7 @@
 //! stream-ordered (host memory, or no CUDA driver) need no fence.
 
 use super::span::{Fit, SPAN_FREE, Span};
-use super::{Entry, Error, Large, Ordering, Pool, Result, cuda, entry_at, epoch_ms, lock};
+use super::{Entry, Error, Large, Ordering, Pool, Result, entry_at, epoch_ms, lock};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
@@ -191,36 +191,32 @@ impl Pool {
         if self.is_retired() {
             return match lock(&self.retire_event).as_ref() {
                 None => true,
-                Some(ev) if wait => {
-                    ev.wait().is_ok() || cuda::device_synchronize(self.device).is_ok()
-                }
-                Some(ev) => matches!(ev.done(), Ok(true)),
+                Some(fence) if wait => fence.wait(),
+                Some(fence) => matches!(fence.done(), Ok(true)),
             };
         }
         let z = &mut lg.lazy;
         if epoch < z.safe {
             return true;
         }
-        if epoch == z.epoch {
-            match cuda::Event::record(self.stream(), self.device) {
-                Ok(ev) => z.fences.push_back((z.epoch, ev)),
-                Err(_) => {
-                    // No event on this stream: the whole device, once.
-                    if let Some(g) = self.group {
-                        g.count_sync();
-                    }
-                    let _ = cuda::device_synchronize(self.device);
+        if epoch == z.epoch
+            && let Some(g) = self.group
+        {
+            match g.fence(self.stream()) {
+                Some(fence) => z.fences.push_back((z.epoch, fence)),
+                None => {
+                    // No fence on this stream: the device was synchronised, once.
                     z.fences.clear();
                     z.safe = z.epoch + 1;
                 }
             }
             z.epoch += 1;
         }
-        while let Some((e, ev)) = z.fences.front() {
+        while let Some((e, fence)) = z.fences.front() {
             let done = if wait {
-                ev.wait().is_ok() || cuda::device_synchronize(self.device).is_ok()
+                fence.wait()
             } else {
-                matches!(ev.done(), Ok(true))
+                matches!(fence.done(), Ok(true))
             };
             if !done {
                 break;

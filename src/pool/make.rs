@@ -4,7 +4,6 @@
 
 use super::{ClassState, ClassTable, Group, Large, Pool, PoolStats};
 use crate::backing::{Backing, Kind};
-use crate::prim::cuda;
 use crate::prim::fork::lock;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -135,14 +134,13 @@ impl Pool {
         if !self.ordered() {
             return;
         }
-        let waited = if self.is_retired() {
+        if self.is_retired() {
             let fence = lock(&self.retire_event).clone();
-            fence.is_none_or(|ev| ev.wait().is_ok())
-        } else {
-            cuda::stream_synchronize(self.stream(), self.device).is_ok()
-        };
-        if !waited {
-            let _ = cuda::device_synchronize(self.device);
+            if let Some(fence) = fence {
+                fence.wait();
+            }
+        } else if let Some(g) = self.group {
+            g.host_wait(self.stream());
         }
     }
 

@@ -33,7 +33,6 @@
 
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
-use crate::prim::cuda;
 use crate::prim::fork::lock;
 use crate::registry::{self, GRANULE};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -92,13 +91,32 @@ const TAG_SPAN: usize = 1;
 const TAG_SLAB: usize = 2;
 const TAG_MASK: usize = 3;
 
-/// What a stream-ordered pool needs from the set of pools of its device (implemented one
-/// layer up, by `stream::StreamPools`), so that dependencies point down.
+/// A point in a stream's queued work, recorded by the stream layer (an event): once it is
+/// reached, the work queued before it is over. The pool keeps fences and asks about them; it
+/// never makes one itself, so every CUDA call of stream ordering stays in `stream/`.
+pub trait Fence: Send + Sync {
+    /// Whether the work queued before the fence is over (never blocks).
+    fn done(&self) -> Result<bool>;
+    /// Wait on the host until it is over; when the fence cannot be waited for, wait for the
+    /// whole device instead. False only when neither could be waited for.
+    fn wait(&self) -> bool;
+    /// Make `stream` wait for the fence on the device (the host does not block). False when
+    /// the driver refuses.
+    fn wait_on(&self, stream: usize) -> bool;
+}
+
+/// What a stream-ordered pool needs from the set of pools of its device and from its stream
+/// (implemented one layer up, by `stream::StreamPools`), so that dependencies point down.
 pub trait Group: Send + Sync {
     /// Whether events order reuse across streams (false without a CUDA driver).
     fn ordered(&self) -> bool;
-    /// Count a cross-stream reuse that had to synchronise instead of waiting on an event.
-    fn count_sync(&self);
+    /// Record a fence on `stream`, the pool's own (never a retired one). None when the stream
+    /// takes none (a destroyed handle): the device was synchronised instead, and the sync is
+    /// counted, so nothing queued before is pending any more.
+    fn fence(&self, stream: usize) -> Option<Box<dyn Fence>>;
+    /// Wait on the host for the work queued on `stream` (for the whole device when the
+    /// stream cannot be waited for).
+    fn host_wait(&self, stream: usize);
     /// An idle chunk of at least `min` bytes of another stream, adopted for `taker` and
     /// ordered after that stream's work.
     fn steal(&self, taker: &'static Pool, min: usize) -> Option<Chunk>;
@@ -112,7 +130,7 @@ pub trait Group: Send + Sync {
     fn limit(&self) -> Option<(usize, &'static str)>;
     /// Take a wholly free chunk of a retired stream's pool, ordered by `fence` (the retire
     /// event), to lend to other streams or give back.
-    fn adopt(&self, chunk: Chunk, fence: Option<Arc<cuda::Event>>);
+    fn adopt(&self, chunk: Chunk, fence: Option<Arc<dyn Fence>>);
     /// Whether freed managed blocks that may be away from the device are discarded (see
     /// `residency`).
     fn discard(&self) -> bool {
@@ -122,6 +140,25 @@ pub trait Group: Send + Sync {
     /// has): the driver may have evicted any page.
     fn oversubscribed(&self) -> bool {
         false
+    }
+    /// Queue, on `stream`, the discard of managed `ranges` (their contents are dead). Ok(false)
+    /// when the driver has no discard.
+    ///
+    /// # Safety
+    /// Every range is free memory of the caller, and nothing hands it out before the discard
+    /// is queued.
+    unsafe fn queue_discard(&self, _ranges: &[(usize, usize)], _stream: usize) -> Result<bool> {
+        Ok(false)
+    }
+    /// Queue, on `stream`, a discard-and-prefetch of managed `[a, a + n)` to the device:
+    /// populated there with no data moved. Ok(false) when the driver has no batch call (the
+    /// pages were prefetched instead); an error says why the call failed (the pages were
+    /// prefetched too).
+    ///
+    /// # Safety
+    /// `[a, a + n)` is memory of the caller not handed out yet.
+    unsafe fn queue_populate(&self, _a: usize, _n: usize, _stream: usize) -> Result<bool> {
+        Ok(false)
     }
 }
 
@@ -183,7 +220,7 @@ pub struct Pool {
     key: AtomicUsize,
     /// The device's set of stream pools this pool belongs to, if it is stream-ordered.
     group: Option<&'static dyn Group>,
-    pub(crate) retire_event: Mutex<Option<Arc<cuda::Event>>>,
+    pub(crate) retire_event: Mutex<Option<Arc<dyn Fence>>>,
     limit: Option<usize>,
     /// What the pool keeps: the `retain` bound, the kept empty slabs, whether it is over the
     /// bound with nothing to give back, and what it gave back so far (`retain.rs`).

@@ -15,7 +15,7 @@
 //! - A span that reads as zero is never discarded (calloc relies on it).
 
 use super::span::{Large, Span};
-use super::{Entry, Kind, Ordering, Pool, cuda, entry_at};
+use super::{Entry, Kind, Ordering, Pool, entry_at};
 use crate::pool::span::SPAN_USED;
 
 /// Blocks below this are not worth a driver call (a large page).
@@ -77,7 +77,8 @@ impl Pool {
         // SAFETY: every range is free memory of this pool (a range handed out again was taken
         // out of the batch first), and the batch runs in its stream's order, after the work
         // queued before the frees.
-        match unsafe { cuda::discard(&ranges, self.stream(), self.device) } {
+        let Some(g) = self.group else { return };
+        match unsafe { g.queue_discard(&ranges, self.stream()) } {
             Ok(true) => {
                 self.stats
                     .discarded
@@ -145,22 +146,16 @@ impl Pool {
         crate::migrate::quiesce(a, b);
         // SAFETY: the block is not handed out yet; the call runs in the stream order of the
         // work that will use it.
-        match unsafe {
-            cuda::discard_and_prefetch(&[(a, b - a)], self.device, self.stream(), self.device)
-        } {
+        let Some(g) = self.group else { return };
+        match unsafe { g.queue_populate(a, b - a, self.stream()) } {
             Ok(true) => {
                 self.stats
                     .discarded
                     .fetch_add((b - a) as u64, Ordering::Relaxed);
             }
-            // No batch call in this driver: at least bring the pages over in one go.
-            Ok(false) => {
-                let _ = cuda::prefetch(a, b - a, self.device, self.stream(), self.device);
-            }
-            Err(e) => {
-                crate::error::set_last(&format!("managed discard-and-prefetch: {}", e.msg));
-                let _ = cuda::prefetch(a, b - a, self.device, self.stream(), self.device);
-            }
+            // No batch call in this driver: the pages were prefetched in one go.
+            Ok(false) => {}
+            Err(e) => crate::error::set_last(&format!("managed discard-and-prefetch: {}", e.msg)),
         }
     }
 }

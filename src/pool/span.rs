@@ -15,9 +15,8 @@ mod cut;
 mod free;
 mod take;
 
-use super::{BlockInfo, Pool};
+use super::{BlockInfo, Fence, Pool};
 use crate::backing::Chunk;
-use crate::prim::cuda;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -124,7 +123,7 @@ pub(crate) struct Lazy {
     /// The current epoch: spans freed now are stamped with it.
     pub(super) epoch: u64,
     /// Fences recorded on the pool's stream, oldest first: (epoch closed, event).
-    pub(super) fences: VecDeque<(u64, cuda::Event)>,
+    pub(super) fences: VecDeque<(u64, Box<dyn Fence>)>,
     /// Every epoch below this is over on the device.
     pub(super) safe: u64,
     /// Free spans that may hold committed pages, oldest first, by start. Entries go stale
@@ -159,7 +158,7 @@ pub(crate) struct Large {
     /// Stream-ordered pools only: for each wholly free chunk (by base), the event recorded on
     /// the pool's stream when it fell idle. Another stream may use the chunk once it waits
     /// for the event; this stream may use it at once.
-    pub(super) events: Vec<(usize, cuda::Event)>,
+    pub(super) events: Vec<(usize, Box<dyn Fence>)>,
     /// The exact-size list (oldest first): spans in state CACHED.
     pub(super) quick: VecDeque<&'static Span>,
     pub(super) quick_bytes: usize,
@@ -221,7 +220,7 @@ impl Large {
         self.free_bytes + self.quick_bytes
     }
 
-    pub(super) fn take_event(&mut self, base: usize) -> Option<cuda::Event> {
+    pub(super) fn take_event(&mut self, base: usize) -> Option<Box<dyn Fence>> {
         let i = self.events.iter().position(|e| e.0 == base)?;
         Some(self.events.swap_remove(i).1)
     }

@@ -40,12 +40,16 @@
 use crate::backing::{Backing, Chunk};
 use crate::error::Result;
 use crate::pool::PoolStats;
-use crate::pool::{Group, Pool};
-use crate::prim::cuda;
+use crate::pool::{Fence, Group, Pool};
 use crate::prim::fork::lock;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+mod order;
+mod recorded;
+
+use recorded::Recorded;
+pub use recorded::{any_deferred, any_recorded};
 
 /// `CU_STREAM_LEGACY`: the legacy default stream by its explicit handle (same as 0).
 const CU_STREAM_LEGACY: usize = 1;
@@ -67,42 +71,7 @@ struct Node {
 }
 
 /// An idle chunk of a retired stream, with the event after which another stream may use it.
-type Orphan = (Chunk, Option<Arc<cuda::Event>>);
-
-/// Blocks recorded on other streams or waiting for them, on every device: 0 lets a free that
-/// names no stream skip the record-stream bookkeeping altogether.
-static RECORDED: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether any block is recorded on another stream or waits for one (see
-/// [`StreamPools::record_stream`]).
-#[inline]
-pub fn any_recorded() -> bool {
-    RECORDED.load(Ordering::Relaxed) != 0
-}
-
-/// Deferred frees on every device: 0 keeps `allocator::free` from looking them up.
-static DEFERRED: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether any free is deferred (see [`StreamPools::is_deferred`]).
-#[inline]
-pub fn any_deferred() -> bool {
-    DEFERRED.load(Ordering::Relaxed) != 0
-}
-
-/// A freed block waiting for the work of the streams it was recorded on.
-struct Deferred {
-    ptr: usize,
-    events: Vec<Arc<cuda::Event>>,
-}
-
-/// Blocks recorded on other streams, and the frees waiting for them.
-#[derive(Default)]
-struct Recorded {
-    /// Live block start -> the other streams it was recorded on.
-    streams: HashMap<usize, Vec<usize>>,
-    /// Freed blocks, oldest first, that go back once their events complete.
-    pending: Vec<Deferred>,
-}
+type Orphan = (Chunk, Option<Arc<dyn Fence>>);
 
 /// The pools of one device, one per stream, sharing counters and a limit.
 pub struct StreamPools {
@@ -130,9 +99,7 @@ pub struct StreamPools {
     /// Cross-stream reuses that had to synchronise (the event was not usable).
     pub syncs: AtomicU64,
     /// Blocks recorded on other streams and deferred frees (see the module docs).
-    recorded: Mutex<Recorded>,
-    /// Entries in `recorded.streams` plus `recorded.pending`: 0 keeps the hot paths lock-free.
-    recorded_count: AtomicUsize,
+    recorded: Recorded,
     /// Managed memory: discard freed blocks that may be away from the device (see
     /// `pool::residency`), and the device's memory, past which it is oversubscribed (0: never).
     discard: AtomicBool,
@@ -172,8 +139,7 @@ impl StreamPools {
             backing,
             waits: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
-            recorded: Mutex::new(Recorded::default()),
-            recorded_count: AtomicUsize::new(0),
+            recorded: Recorded::default(),
             discard: AtomicBool::new(false),
             device_memory: AtomicUsize::new(0),
         }))
@@ -269,18 +235,27 @@ impl StreamPools {
 
     /// Make `stream` wait for `ev`: on the device when the event is still pending, on the
     /// host (or the whole device) when the driver refuses that.
-    fn order_after(&self, ev: &cuda::Event, stream: usize) {
-        if matches!(ev.done(), Ok(true)) {
+    fn order_after(&self, fence: &dyn Fence, stream: usize) {
+        if matches!(fence.done(), Ok(true)) {
             return;
         }
-        if ev.wait_on(stream).is_ok() {
+        if fence.wait_on(stream) {
             self.waits.fetch_add(1, Ordering::Relaxed);
             return;
         }
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        if ev.wait().is_err() {
-            let _ = cuda::device_synchronize(self.device);
+        fence.wait();
+    }
+
+    /// A fence on `stream`; None after synchronising the device (counted) when the stream
+    /// takes none.
+    fn fence_or_sync(&self, stream: usize) -> Option<Box<dyn Fence>> {
+        let fence = order::record(stream, self.device);
+        if fence.is_none() {
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+            order::sync_device(self.device);
         }
+        fence
     }
 
     /// A block of `pool` was last used on `stream`: before it goes back to `pool`, order
@@ -292,26 +267,20 @@ impl StreamPools {
         }
         if let Some(r) = self.retired_pool(stream) {
             // The handle is gone: its retire event stands for all its work.
-            if let Some(ev) = lock(&r.retire_event).as_ref() {
-                self.order_after(ev, pool.stream());
+            if let Some(fence) = lock(&r.retire_event).as_ref() {
+                self.order_after(&**fence, pool.stream());
             }
             return;
         }
-        match cuda::Event::record(stream, self.device) {
-            Ok(ev) => self.order_after(&ev, pool.stream()),
-            Err(_) => {
-                self.syncs.fetch_add(1, Ordering::Relaxed);
-                let _ = cuda::device_synchronize(self.device);
-            }
+        if let Some(fence) = self.fence_or_sync(stream) {
+            self.order_after(&*fence, pool.stream());
         }
     }
 
     /// Give orphan `o` back to the backing, after the work of its retired stream.
     fn release_orphan(&self, (chunk, fence): Orphan) -> usize {
-        if let Some(ev) = fence
-            && ev.wait().is_err()
-        {
-            let _ = cuda::device_synchronize(self.device);
+        if let Some(fence) = fence {
+            fence.wait();
         }
         if self.backing.kind() == crate::backing::Kind::UMP_KIND_MANAGED {
             // No prefetch of the background migration may touch memory given back.
@@ -357,90 +326,44 @@ impl StreamPools {
         if !self.ordered || stream == pool.stream() {
             return;
         }
-        let mut r = lock(&self.recorded);
-        let streams = r.streams.entry(ptr).or_insert_with(|| {
-            self.recorded_count.fetch_add(1, Ordering::Relaxed);
-            RECORDED.fetch_add(1, Ordering::Relaxed);
-            Vec::new()
-        });
-        if !streams.contains(&stream) {
-            streams.push(stream);
-        }
+        self.recorded.record(ptr, stream);
     }
 
     /// Whether `ptr` was freed already and waits for other streams (a second free of it is a
     /// double free).
     pub fn is_deferred(&self, ptr: usize) -> bool {
-        self.recorded_count.load(Ordering::Relaxed) != 0
-            && lock(&self.recorded).pending.iter().any(|d| d.ptr == ptr)
+        self.recorded.is_deferred(ptr)
     }
 
     /// The free of block `ptr`, recorded on other streams: record an event on each and keep
     /// the block until they complete. Returns false when the block may go back at once.
     pub fn defer_free(&self, ptr: usize) -> bool {
-        if self.recorded_count.load(Ordering::Relaxed) == 0 {
-            return false;
-        }
         // The table is not held while events are recorded: a retire event's lock comes
         // before it in the fork order.
-        let Some(streams) = lock(&self.recorded).streams.remove(&ptr) else {
+        let Some(streams) = self.recorded.take_streams(ptr) else {
             return false;
         };
-        let mut events = Vec::with_capacity(streams.len());
+        let mut fences = Vec::with_capacity(streams.len());
         for s in streams {
             if let Some(p) = self.retired_pool(s) {
                 // The handle is gone: its retire event stands for all its work.
-                if let Some(ev) = lock(&p.retire_event).as_ref() {
-                    events.push(ev.clone());
+                if let Some(fence) = lock(&p.retire_event).as_ref() {
+                    fences.push(fence.clone());
                 }
                 continue;
             }
-            match cuda::Event::record(s, self.device) {
-                Ok(ev) => events.push(Arc::new(ev)),
-                Err(_) => {
-                    // No event on that stream: wait for the whole device instead.
-                    self.syncs.fetch_add(1, Ordering::Relaxed);
-                    let _ = cuda::device_synchronize(self.device);
-                }
+            // No fence on that stream: the whole device was waited for instead.
+            if let Some(fence) = self.fence_or_sync(s) {
+                fences.push(Arc::from(fence));
             }
         }
-        if events.is_empty() {
-            self.recorded_count.fetch_sub(1, Ordering::Relaxed);
-            RECORDED.fetch_sub(1, Ordering::Relaxed);
-            return false;
-        }
-        lock(&self.recorded).pending.push(Deferred { ptr, events });
-        DEFERRED.fetch_add(1, Ordering::Relaxed);
-        true
+        self.recorded.defer(ptr, fences)
     }
 
     /// Give back the deferred blocks whose streams are done (with `wait`, all of them, after
     /// waiting). Returns how many went back.
     pub fn release_deferred(&self, wait: bool) -> usize {
-        if self.recorded_count.load(Ordering::Relaxed) == 0 {
-            return 0;
-        }
-        let ready: Vec<usize> = {
-            let mut r = lock(&self.recorded);
-            let mut ready = Vec::new();
-            r.pending.retain(|d| {
-                let done = d.events.iter().all(|ev| {
-                    if wait && ev.wait().is_err() {
-                        let _ = cuda::device_synchronize(self.device);
-                    }
-                    wait || !matches!(ev.done(), Ok(false))
-                });
-                if done {
-                    ready.push(d.ptr);
-                }
-                !done
-            });
-            self.recorded_count
-                .fetch_sub(ready.len(), Ordering::Relaxed);
-            RECORDED.fetch_sub(ready.len(), Ordering::Relaxed);
-            DEFERRED.fetch_sub(ready.len(), Ordering::Relaxed);
-            ready
-        };
+        let ready = self.recorded.take_ready(wait);
         // No lock of ours is held while the blocks go back to their pools.
         for &ptr in &ready {
             let _ = crate::pool::free_block(ptr);
@@ -450,7 +373,7 @@ impl StreamPools {
 
     /// Fork: the recorded-stream table (after the orphans, before the driver's event cache).
     pub(crate) fn fork_lock_recorded(&'static self, held: &mut crate::prim::fork::Held) {
-        held.push(lock(&self.recorded));
+        self.recorded.fork_lock(held);
     }
 
     /// Free bytes held by every stream's pool and the orphans.
@@ -490,8 +413,12 @@ impl Group for StreamPools {
         self.ordered
     }
 
-    fn count_sync(&self) {
-        self.syncs.fetch_add(1, Ordering::Relaxed);
+    fn fence(&self, stream: usize) -> Option<Box<dyn Fence>> {
+        self.fence_or_sync(stream)
+    }
+
+    fn host_wait(&self, stream: usize) {
+        order::host_wait(stream, self.device);
     }
 
     /// Adopt for `taker` an idle chunk of at least `min` bytes: an orphan first, else one of
@@ -509,8 +436,8 @@ impl Group for StreamPools {
             best.map(|i| o.remove(i))
         };
         if let Some((chunk, fence)) = orphan {
-            if let Some(ev) = fence {
-                self.order_after(&ev, taker.stream());
+            if let Some(fence) = fence {
+                self.order_after(&*fence, taker.stream());
             }
             return Some(chunk);
         }
@@ -518,9 +445,9 @@ impl Group for StreamPools {
             if std::ptr::eq(p, taker) || p.is_retired() {
                 continue;
             }
-            if let Some((chunk, ev)) = p.take_idle_chunk(min) {
-                if let Some(ev) = ev {
-                    self.order_after(&ev, taker.stream());
+            if let Some((chunk, fence)) = p.take_idle_chunk(min) {
+                if let Some(fence) = fence {
+                    self.order_after(&*fence, taker.stream());
                 }
                 return Some(chunk);
             }
@@ -562,7 +489,17 @@ impl Group for StreamPools {
         total != 0 && self.stats.mapped.load(Ordering::Relaxed) > total
     }
 
-    fn adopt(&self, chunk: Chunk, fence: Option<Arc<cuda::Event>>) {
+    unsafe fn queue_discard(&self, ranges: &[(usize, usize)], stream: usize) -> Result<bool> {
+        // SAFETY: the caller's contract (`Group::queue_discard`).
+        unsafe { order::discard(ranges, stream, self.device) }
+    }
+
+    unsafe fn queue_populate(&self, a: usize, n: usize, stream: usize) -> Result<bool> {
+        // SAFETY: the caller's contract (`Group::queue_populate`).
+        unsafe { order::populate(a, n, stream, self.device) }
+    }
+
+    fn adopt(&self, chunk: Chunk, fence: Option<Arc<dyn Fence>>) {
         let mut o = lock(&self.orphans);
         o.push((chunk, fence));
         // Orphans are free memory like any other: within the device's retain.
