@@ -142,9 +142,13 @@ def run_one(model: str) -> dict:
     out = {"model": model, "route": route, "ms_per_step": ms, "cpu_ms_per_step": cpu_ms, "loss": float(loss)}
     if route in ("plain", "segments"):
         out["max_reserved"] = torch.cuda.max_memory_reserved()
-    if route != "plain":
-        d = ump_alloc.stats()["devices"][0]
-        out["ump_mapped_peak"] = d["mapped_peak"]
+    if route is None:
+        # UMP_ALLOC=1, but ump-alloc does not serve PyTorch here (the import hook is not
+        # installed, or the route fell back): say so rather than read device figures it lacks.
+        out["route"] = "not served"
+    elif route != "plain":
+        d = ump_alloc.stats()["devices"].get(0, {})
+        out["ump_mapped_peak"] = d.get("mapped_peak", 0)
         out["weights_ours"] = ump_alloc.identify(next(module.parameters())).ours
     return out
 

@@ -2175,7 +2175,7 @@ def plain_host_side_loads_no_cuda():
 
 def _realloc_race(lib, s, use_realloc):
     """Two 8 MiB managed blocks of stream `s`, y just below x. A kernel queued on `s` behind a
-    300 ms spin fills x with a marker, and x is freed at once (stream-ordered: `s` may reuse it).
+    1 s spin fills x with a marker, and x is freed at once (stream-ordered: `s` may reuse it).
     Then, from the host, either y is realloc'ed to 16 MiB (over x's memory: the check) or a new
     8 MiB block is taken on `s` (x's memory: the control), and the host writes a random pattern
     over what it got, then waits for `s`. Returns (what the host wrote, what the memory holds)."""
@@ -2187,7 +2187,12 @@ def _realloc_race(lib, s, use_realloc):
     assert x and y, "allocation failed"
     assert y + 8 * mib == x, f"stream pools cut blocks from the end of free memory: {y:#x} {x:#x}"
     gx = cp.ndarray((2 * mib,), cp.uint32, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(x, 8 * mib, None, 0), 0))
-    _spin(s, 300)
+    # The fill kernel is compiled before the spin: a first fill of uint32 compiles it, which
+    # on a machine with no kernel cache outlasted the spin (the stream was idle again when the
+    # host wrote, so the control could not show the race).
+    cp.zeros(4, cp.uint32).fill(0xA5A5A5A5)
+    cp.cuda.Device().synchronize()
+    _spin(s, 1000)
     with s:
         gx.fill(0xA5A5A5A5)  # queued behind the spin
     del gx

@@ -360,12 +360,5 @@ def test_fork_while_threads_allocate_on_shared_pinned_pages():
 # ---- issue 21 ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="on the H100 (2026-11-25) the control found the stream already idle when the host "
-    "wrote (a marker kernel queued behind a 300 ms spin had run), so the race it must show did "
-    "not open and the check itself did not run; the cause was not found in the session's device "
-    "time",
-)
 def test_device_realloc_waits_for_the_stream():
     check("device_realloc_waits_for_the_stream", "pinned")
