@@ -143,7 +143,7 @@ impl Pool {
         if let Some(g) = self.group
             && let Some(fence) = g.fence(self.stream())
         {
-            lg.events.push((base, fence));
+            lg.set_event(base, fence);
         }
     }
 
@@ -248,7 +248,7 @@ impl Pool {
         self.release_empty_slabs();
         let mut lg = lock(&self.large);
         // The retire event covers the events recorded on the stream earlier.
-        lg.events.clear();
+        lg.clear_events();
         self.flush_quick(&mut lg);
         if let Some(g) = self.group {
             while let Some(&sp) = lg.idle.values().next() {

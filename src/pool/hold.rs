@@ -67,7 +67,7 @@ impl Pool {
     /// Hold used span `sp` (its free was validated, under the large lock) instead of freeing it.
     pub(super) fn hold_span(&'static self, lg: &mut Large, sp: &'static Span) {
         sp.state.store(SPAN_HELD, Ordering::Release);
-        lg.held.push(sp);
+        lg.hold(sp);
         self.stats.on_hold(sp.len());
     }
 
@@ -79,7 +79,7 @@ impl Pool {
             // Counted before another thread can see it on the list (and give it back).
             let mut st = lock(&self.classes[s.class]);
             self.stats.on_hold(s.slot);
-            st.held.push((s, idx));
+            st.hold((s, idx));
         }
         self.stats.frees.fetch_add(1, Ordering::Relaxed);
         self.stats.sub_in_use(n);
@@ -117,12 +117,7 @@ impl Pool {
         let mut freed = 0;
         {
             let mut lg = lock(&self.large);
-            let held = std::mem::take(&mut lg.held);
-            for sp in held {
-                if still(sp.born.load(Ordering::Relaxed)) {
-                    lg.held.push(sp);
-                    continue;
-                }
+            for sp in lg.take_unheld(still) {
                 let len = sp.len();
                 self.stats.on_unhold(len);
                 freed += len;
@@ -130,17 +125,10 @@ impl Pool {
             }
         }
         for ci in 0..self.classes.len() {
-            let go: Vec<_> = {
-                let mut st = lock(&self.classes[ci]);
-                if st.held.is_empty() {
-                    continue;
-                }
-                let (keep, go) = std::mem::take(&mut st.held)
-                    .into_iter()
-                    .partition(|(s, _)| still(s.born.load(Ordering::Relaxed)));
-                st.held = keep;
-                go
-            };
+            let go = lock(&self.classes[ci]).take_unheld(still);
+            if go.is_empty() {
+                continue;
+            }
             for &(s, _) in &go {
                 self.stats.on_unhold(s.slot);
                 freed += s.slot;

@@ -191,10 +191,28 @@ pub(crate) struct ClassState {
     /// Free slots in slabs in use (partial and empty).
     free: usize,
     /// Freed slots held back for fork children (still out of their slabs): see `hold`.
-    pub(super) held: Vec<Slot>,
+    held: Vec<Slot>,
 }
 
 impl ClassState {
+    /// Hold freed slot `slot` back for fork children (it stays out of its slab).
+    pub(super) fn hold(&mut self, slot: Slot) {
+        self.held.push(slot);
+    }
+
+    /// The held slots that `still` no longer holds (by their slab's generation), taken off the
+    /// held list; they are still out of their slabs.
+    pub(super) fn take_unheld(&mut self, still: impl Fn(u64) -> bool) -> Vec<Slot> {
+        if self.held.is_empty() {
+            return Vec::new();
+        }
+        let (keep, go) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(s, _)| still(s.born.load(Ordering::Relaxed)));
+        self.held = keep;
+        go
+    }
+
     /// Free slots held by the class (not counting thread caches).
     pub(super) fn free_slots(&self) -> usize {
         self.free

@@ -158,7 +158,7 @@ pub(crate) struct Large {
     /// Stream-ordered pools only: for each wholly free chunk (by base), the event recorded on
     /// the pool's stream when it fell idle. Another stream may use the chunk once it waits
     /// for the event; this stream may use it at once.
-    pub(super) events: Vec<(usize, Box<dyn Fence>)>,
+    events: Vec<(usize, Box<dyn Fence>)>,
     /// The exact-size list (oldest first): spans in state CACHED.
     pub(super) quick: VecDeque<&'static Span>,
     pub(super) quick_bytes: usize,
@@ -170,7 +170,7 @@ pub(crate) struct Large {
     pub(super) discards: Vec<(usize, usize)>,
     pub(super) discard_bytes: usize,
     /// Freed blocks held back for fork children, in state HELD (see `hold`).
-    pub(super) held: Vec<&'static Span>,
+    held: Vec<&'static Span>,
     /// Chunks (by base) that are no longer the backing's kind of memory (`Growth::Degraded`):
     /// given back as soon as they are wholly free, never reused.
     pub(super) doomed: Vec<usize>,
@@ -220,8 +220,37 @@ impl Large {
         self.free_bytes + self.quick_bytes
     }
 
+    /// The fence of wholly free chunk `base`, taken (the chunk is used again or goes).
     pub(super) fn take_event(&mut self, base: usize) -> Option<Box<dyn Fence>> {
         let i = self.events.iter().position(|e| e.0 == base)?;
         Some(self.events.swap_remove(i).1)
+    }
+
+    /// Chunk `base` fell idle: `fence` orders its reuse by another stream.
+    pub(super) fn set_event(&mut self, base: usize, fence: Box<dyn Fence>) {
+        self.events.push((base, fence));
+    }
+
+    /// Forget every chunk's fence (a retire fence covers them all).
+    pub(super) fn clear_events(&mut self) {
+        self.events.clear();
+    }
+
+    /// Hold used span `sp` back for fork children.
+    pub(super) fn hold(&mut self, sp: &'static Span) {
+        self.held.push(sp);
+    }
+
+    /// The held spans that `still` no longer holds (by their generation), taken off the held
+    /// list.
+    pub(super) fn take_unheld(&mut self, still: impl Fn(u64) -> bool) -> Vec<&'static Span> {
+        if self.held.is_empty() {
+            return Vec::new();
+        }
+        let (keep, go) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|sp| still(sp.born.load(Ordering::Relaxed)));
+        self.held = keep;
+        go
     }
 }
