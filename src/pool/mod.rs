@@ -38,6 +38,7 @@ use crate::registry::{self, GRANULE};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod batch;
 mod blocks;
 mod chunk;
 mod class;

@@ -53,9 +53,8 @@ impl Pool {
         let len = sp.len();
         if sp.away.load(Ordering::Relaxed) && sp.dirty.load(Ordering::Relaxed) && len >= DISCARD_MIN
         {
-            lg.discards.push((sp.start(), len));
-            lg.discard_bytes += len;
-            if lg.discards.len() >= BATCH_MAX || lg.discard_bytes >= BATCH_BYTES {
+            lg.discards.push(sp.start(), len);
+            if lg.discards.reaches(BATCH_MAX, BATCH_BYTES) {
                 self.flush_discards(lg);
             }
         }
@@ -66,8 +65,7 @@ impl Pool {
         if lg.discards.is_empty() {
             return;
         }
-        let ranges = std::mem::take(&mut lg.discards);
-        let bytes = std::mem::take(&mut lg.discard_bytes);
+        let (ranges, bytes) = lg.discards.take();
         if !self.discards() {
             return;
         }
@@ -93,32 +91,13 @@ impl Pool {
     /// Drop the batch's ranges inside `[a, b)` without issuing them (memory that goes back to
     /// the driver).
     pub(super) fn forget_discards(&self, lg: &mut Large, a: usize, b: usize) {
-        lg.discards.retain(|&(s, n)| s + n <= a || s >= b);
-        lg.discard_bytes = lg.discards.iter().map(|r| r.1).sum();
+        lg.discards.forget(a, b);
     }
 
     /// Take `[a, b)` out of the batch (memory handed out again), cutting ranges that overlap
     /// it.
     fn unqueue_discards(&self, lg: &mut Large, a: usize, b: usize) {
-        if !lg.discards.iter().any(|&(s, n)| s < b && a < s + n) {
-            return;
-        }
-        let mut kept = Vec::with_capacity(lg.discards.len() + 1);
-        for &(s, n) in &lg.discards {
-            let e = s + n;
-            if e <= a || s >= b {
-                kept.push((s, n));
-                continue;
-            }
-            if s < a {
-                kept.push((s, a - s));
-            }
-            if e > b {
-                kept.push((b, e - b));
-            }
-        }
-        lg.discards = kept;
-        lg.discard_bytes = lg.discards.iter().map(|r| r.1).sum();
+        lg.discards.cut(a, b);
     }
 
     /// `[a, b)`, free memory, joins a live block that grows over it (realloc in place): out of
@@ -186,7 +165,7 @@ mod tests {
     }
 
     fn batch(p: &Pool) -> Vec<(usize, usize)> {
-        lock(&p.large).discards.clone()
+        lock(&p.large).discards.ranges().to_vec()
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod cut;
 mod free;
 mod take;
 
+use super::batch::Batch;
 use super::{BlockInfo, Fence, Pool};
 use crate::backing::Chunk;
 use std::collections::{BTreeMap, VecDeque};
@@ -167,8 +168,7 @@ pub(crate) struct Large {
     /// Lazily committed pools: what is committed and what may be purged.
     pub(super) lazy: Lazy,
     /// Managed stream pools: freed blocks to discard, in one batch (see `residency`).
-    pub(super) discards: Vec<(usize, usize)>,
-    pub(super) discard_bytes: usize,
+    pub(super) discards: Batch,
     /// Freed blocks held back for fork children, in state HELD (see `hold`).
     held: Vec<&'static Span>,
     /// Chunks (by base) that are no longer the backing's kind of memory (`Growth::Degraded`):
