@@ -24,10 +24,10 @@
 //! `trim`). A retired stream's spans wait for its retire event instead. Pools that are not
 //! stream-ordered (host memory, or no CUDA driver) need no fence.
 
+use super::parts::epoch_ms;
 use super::span::{Fit, SPAN_FREE, Span};
-use super::{Entry, Error, Large, Ordering, Pool, Result, entry_at, epoch_ms, lock};
+use super::{Entry, Error, Large, Ordering, Pool, Result, entry_at, lock};
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 /// How long committed memory that no block needs stays committed, at most (two windows).
@@ -62,29 +62,11 @@ pub(super) enum Purge {
     All,
 }
 
-/// The commit part of a pool: its backing's commit unit where it commits lazily, and when free
-/// pages are next purged. Private to this file.
-pub(super) struct Commit {
-    /// The backing's commit unit when it commits lazily (None: it maps whole chunks).
-    page: Option<usize>,
-    /// Milliseconds since `EPOCH` when free spans are next looked at.
-    purge_due: AtomicU64,
-}
-
-impl Commit {
-    pub(super) fn new(page: Option<usize>) -> Commit {
-        Commit {
-            page,
-            purge_due: AtomicU64::new(0),
-        }
-    }
-}
-
 impl Pool {
     /// Whether this pool commits physical memory lazily.
     #[inline]
     pub(super) fn lazy(&self) -> bool {
-        self.commit.page.is_some()
+        self.commit.is_lazy()
     }
 
     /// Commit the pages of `[start, start+len)` (a span being handed out), purging free spans
@@ -298,12 +280,9 @@ impl Pool {
     /// At most once per tick: when a window is over, purge what the last two did not need.
     pub(super) fn purge_if_due(&'static self, lg: &mut Large) {
         let ms = epoch_ms(Instant::now());
-        if ms < self.commit.purge_due.load(Ordering::Relaxed) {
+        if !self.commit.purge_due(ms, PURGE_TICK_MS) {
             return;
         }
-        self.commit
-            .purge_due
-            .store(ms + PURGE_TICK_MS, Ordering::Relaxed);
         let z = &mut lg.lazy;
         if z.window_start == 0 {
             z.window_start = ms;

@@ -23,33 +23,12 @@ use super::slab::Slab;
 use super::span::{Large, NEVER, SPAN_HELD, Span};
 use super::{Ordering, Pool, Result, lock};
 use crate::backing::shared;
-use std::sync::atomic::{AtomicBool, AtomicU64};
-
-/// The fork-hold part of a pool: whether its freed blocks are held back for fork children (its
-/// pages are shared with them), and when the held ones were last looked at. Private to this
-/// file.
-pub(super) struct ForkHold {
-    /// Freed blocks a fork child may still read are held back.
-    on: AtomicBool,
-    /// `shared::drops()` when the held blocks were last looked at: none can go back before it
-    /// changes.
-    seen: AtomicU64,
-}
-
-impl ForkHold {
-    pub(super) fn new(on: bool) -> ForkHold {
-        ForkHold {
-            on: AtomicBool::new(on),
-            seen: AtomicU64::new(0),
-        }
-    }
-}
 
 impl Pool {
     /// The generation a block (or slab) allocated now belongs to.
     #[inline]
     pub(super) fn birth_gen(&self) -> u64 {
-        if self.hold.on.load(Ordering::Relaxed) {
+        if self.hold.is_on() {
             shared::generation()
         } else {
             NEVER
@@ -59,9 +38,7 @@ impl Pool {
     /// Whether blocks freed by this pool are held back for fork children (its pages are
     /// shared with them). `false` turns it off: for tests that show what it prevents.
     pub fn set_fork_hold(&self, on: bool) {
-        self.hold
-            .on
-            .store(on && self.backing.fork_shared(), Ordering::Relaxed);
+        self.hold.set_on(on && self.backing.fork_shared());
     }
 
     /// Hold used span `sp` (its free was validated, under the large lock) instead of freeing it.
@@ -110,7 +87,7 @@ impl Pool {
         // A block was held because `live_max` was above its generation; only a drop of
         // `live_max` since the last look can have freed one.
         let drops = shared::drops();
-        if self.hold.seen.swap(drops, Ordering::AcqRel) == drops && !force {
+        if !self.hold.drops_changed(drops) && !force {
             return 0;
         }
         let still = |born: u64| born < shared::live_max();

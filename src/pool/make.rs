@@ -2,6 +2,7 @@
 //! device), its kind, device and size classes, the stream it serves and how reuse on it is
 //! ordered, and whether it is the host side's primary pool.
 
+use super::parts::{Commit, Decay, ForkHold, Retention};
 use super::{ClassState, ClassTable, Group, Large, Pool, PoolStats};
 use crate::backing::{Backing, Kind};
 use crate::prim::fork::lock;
@@ -71,8 +72,8 @@ impl Pool {
             .map(|_| Mutex::new(ClassState::default()))
             .collect();
         let hot = (0..table.len()).map(|_| AtomicUsize::new(0)).collect();
-        let commit = super::commit::Commit::new(backing.commit_page());
-        let hold = super::hold::ForkHold::new(backing.fork_shared());
+        let commit = Commit::new(backing.commit_page());
+        let hold = ForkHold::new(backing.fork_shared());
         Box::leak(Box::new(Pool {
             kind: backing.kind(),
             device: backing.device(),
@@ -85,9 +86,9 @@ impl Pool {
             group,
             retire_event: Mutex::new(None),
             limit,
-            retention: super::retain::Retention::new(retain),
+            retention: Retention::new(retain),
             hot,
-            idle: super::retain::Decay::default(),
+            idle: Decay::default(),
             commit,
             hold,
             peer: std::sync::OnceLock::new(),

@@ -38,7 +38,6 @@ use crate::registry::{self, GRANULE};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-mod batch;
 mod blocks;
 mod chunk;
 mod class;
@@ -47,6 +46,7 @@ mod entry;
 mod grow;
 mod hold;
 mod make;
+mod parts;
 mod report;
 mod residency;
 mod retain;
@@ -59,9 +59,9 @@ mod tcache;
 pub use class::ClassTable;
 pub use entry::{Entry, entry_at, free_block, free_cached, lookup, pool_at, resize_cached};
 pub use residency::mark_away;
-use retain::epoch_ms;
 pub use stats::PoolStats;
 
+use parts::{Commit, Decay, ForkHold, Retention};
 use slab::{ClassState, Slab};
 use span::{Large, Span};
 pub use tcache::flush_thread_counts;
@@ -225,17 +225,17 @@ pub struct Pool {
     limit: Option<usize>,
     /// What the pool keeps: the `retain` bound, the kept empty slabs, whether it is over the
     /// bound with nothing to give back, and what it gave back so far (`retain.rs`).
-    retention: retain::Retention,
+    retention: Retention,
     /// Stream-ordered pools (no thread cache): per class, the last freed slot, kept out of its
     /// slab so that an alloc+free pair on one stream takes one atomic swap each and no lock.
     /// See `small.rs` (`take_hot`, `put_hot`, `drain_hot`).
     hot: Box<[AtomicUsize]>,
     /// How long wholly free chunks above `retain` wait before they go back (`retain.rs`).
-    idle: retain::Decay,
+    idle: Decay,
     /// Lazy commitment: the commit unit and when free pages are next purged (`commit.rs`).
-    commit: commit::Commit,
+    commit: Commit,
     /// Freed blocks a fork child may still read are held back (`hold.rs`).
-    hold: hold::ForkHold,
+    hold: ForkHold,
     /// The pool that shares this one's counters and limit, if any (`share_limit_with`).
     peer: std::sync::OnceLock<&'static Pool>,
     /// The host side's primary pool (`mark_host_primary`): the pool small allocations of the

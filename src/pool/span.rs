@@ -15,7 +15,7 @@ mod cut;
 mod free;
 mod take;
 
-use super::batch::Batch;
+use super::parts::Batch;
 use super::{BlockInfo, Fence, Pool};
 use crate::backing::Chunk;
 use std::collections::{BTreeMap, VecDeque};

@@ -4,8 +4,9 @@
 
 use super::reclaim::{heavy_barrier, wait_idle};
 use super::{Cache, TC, caches, mine};
+use crate::pool::Pool;
+use crate::pool::parts::epoch_ms;
 use crate::pool::slab::{Slab, Slot};
-use crate::pool::{Pool, epoch_ms};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 // ---- slots that pin memory the pool would give back ---------------------------------------

@@ -11,22 +11,22 @@ pub(crate) struct Batch {
 
 impl Batch {
     /// Add `[a, a + n)`.
-    pub(super) fn push(&mut self, a: usize, n: usize) {
+    pub(crate) fn push(&mut self, a: usize, n: usize) {
         self.ranges.push((a, n));
         self.bytes += n;
     }
 
     /// Whether it holds at least `count` ranges or `bytes` bytes.
-    pub(super) fn reaches(&self, count: usize, bytes: usize) -> bool {
+    pub(crate) fn reaches(&self, count: usize, bytes: usize) -> bool {
         self.ranges.len() >= count || self.bytes >= bytes
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
 
     /// Everything, taken out: the ranges and their bytes.
-    pub(super) fn take(&mut self) -> (Vec<(usize, usize)>, usize) {
+    pub(crate) fn take(&mut self) -> (Vec<(usize, usize)>, usize) {
         (
             std::mem::take(&mut self.ranges),
             std::mem::take(&mut self.bytes),
@@ -34,13 +34,13 @@ impl Batch {
     }
 
     /// Drop the ranges inside `[a, b)` (memory that goes back to the driver).
-    pub(super) fn forget(&mut self, a: usize, b: usize) {
+    pub(crate) fn forget(&mut self, a: usize, b: usize) {
         self.ranges.retain(|&(s, n)| s + n <= a || s >= b);
         self.recount();
     }
 
     /// Take `[a, b)` out, cutting the ranges that overlap it (memory handed out again).
-    pub(super) fn cut(&mut self, a: usize, b: usize) {
+    pub(crate) fn cut(&mut self, a: usize, b: usize) {
         if !self.ranges.iter().any(|&(s, n)| s < b && a < s + n) {
             return;
         }
@@ -64,7 +64,7 @@ impl Batch {
 
     /// The ranges, oldest first.
     #[cfg(test)]
-    pub(super) fn ranges(&self) -> &[(usize, usize)] {
+    pub(crate) fn ranges(&self) -> &[(usize, usize)] {
         &self.ranges
     }
 

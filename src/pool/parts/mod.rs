@@ -1,0 +1,17 @@
+//! The parts of a pool that own their state: each is a plain type whose fields are private to
+//! its file, which the pool holds as a field and asks through methods. They know nothing of
+//! the pool (RMM composes a pool's concerns the same way, as small adaptors).
+
+mod batch;
+mod clock;
+mod commit;
+mod decay;
+mod fork_hold;
+mod retention;
+
+pub(crate) use batch::Batch;
+pub(crate) use clock::epoch_ms;
+pub(crate) use commit::Commit;
+pub(crate) use decay::Decay;
+pub(crate) use fork_hold::ForkHold;
+pub(crate) use retention::Retention;
