@@ -1,7 +1,9 @@
 //! A pool's blocks in and out: allocate (small from slabs, large as spans, or a chunk of its
 //! own), free, and resize in place.
 
-use super::{Alloc, BlockInfo, Entry, MAX_REQUEST, Pool, SMALL_MAX, entry_at, free_block, pool_at};
+use super::class::SMALL_MAX;
+use super::entry::{Entry, entry_at, free_block, pool_at};
+use super::types::{Alloc, BlockInfo, MAX_REQUEST, Pool};
 use crate::error::{Error, Result};
 use crate::registry::GRANULE;
 use std::sync::atomic::Ordering;

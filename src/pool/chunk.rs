@@ -4,8 +4,13 @@
 //! retired (`retire`), and given back to the backing (`release_chunk`) under the pool's
 //! `retain` and decay (`enforce_retain`), on `trim`, or to make room under a limit.
 
-use super::span::{Large, Span};
-use super::{Arc, Chunk, Error, Fence, Kind, Ordering, Pool, Result, lock, registry};
+use super::types::{Fence, Large, Pool, Span};
+use crate::backing::{Chunk, Kind};
+use crate::error::{Error, Result};
+use crate::prim::fork::lock;
+use crate::registry;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 impl Pool {

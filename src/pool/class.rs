@@ -9,8 +9,12 @@
 //! four steps per power of two. Device-side pools (CuPy, PyTorch) give every block the full
 //! alignment: GPU code may assume it of any device pointer.
 
-use super::{SLAB_MAX, SMALL_MAX};
 use crate::registry::GRANULE;
+
+/// Largest request served from slabs; larger ones get spans of their own.
+pub(crate) const SMALL_MAX: usize = 256 << 10;
+/// Largest slab.
+pub(crate) const SLAB_MAX: usize = 4 << 20;
 
 /// The smallest slot, and the granularity of the class lookup table.
 pub(crate) const MIN_SLOT: usize = 16;

@@ -24,10 +24,13 @@
 //! `trim`). A retired stream's spans wait for its retire event instead. Pools that are not
 //! stream-ordered (host memory, or no CUDA driver) need no fence.
 
+use super::entry::{Entry, entry_at};
 use super::parts::epoch_ms;
-use super::span::{Fit, SPAN_FREE, Span};
-use super::{Entry, Error, Large, Ordering, Pool, Result, entry_at, lock};
+use super::types::{Fit, Large, Pool, SPAN_FREE, Span};
+use crate::error::{Error, Result};
+use crate::prim::fork::lock;
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// How long committed memory that no block needs stays committed, at most (two windows).

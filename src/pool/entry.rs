@@ -2,7 +2,7 @@
 //! that start from an address alone (free, the thread-cache fast paths, lookup), lock-free up
 //! to the pool that owns the block.
 
-use super::{BlockInfo, Pool, Slab, Span, TAG_MASK, TAG_SLAB, TAG_SPAN};
+use super::types::{BlockInfo, Pool, Slab, Span, TAG_MASK, TAG_SLAB, TAG_SPAN};
 use crate::error::{Error, Result};
 use crate::registry;
 use std::sync::atomic::Ordering;

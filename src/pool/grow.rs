@@ -5,9 +5,13 @@
 //! the readers that grow their result as they go (`np.loadtxt`, `np.fromfile` with a separator)
 //! then copy nothing, as they copy nothing on glibc's malloc.
 
-use super::span::{SPAN_CACHED, SPAN_FREE, SPAN_USED, Span};
-use super::{Entry, GRANULE, Kind, Large, Ordering, Pool, TAG_SPAN, entry_at, lock, registry};
+use super::entry::{Entry, entry_at};
+use super::types::{Large, Pool, SPAN_CACHED, SPAN_FREE, SPAN_USED, Span, TAG_SPAN};
+use crate::backing::Kind;
 use crate::backing::{Growth, RangeBook};
+use crate::prim::fork::lock;
+use crate::registry::{self, GRANULE};
+use std::sync::atomic::Ordering;
 
 /// A chunk of pinned memory grows by at least half its size at a time: registering it again
 /// costs about its size (25 ms per GiB), so a loop that grows it step by step re-registers it

@@ -19,10 +19,11 @@
 //!
 //! While no child may live (`live_max() == 0`), a free costs one relaxed load more.
 
-use super::slab::Slab;
-use super::span::{Large, NEVER, SPAN_HELD, Span};
-use super::{Ordering, Pool, Result, lock};
+use super::types::{Large, NEVER, Pool, SPAN_HELD, Slab, Span};
 use crate::backing::shared;
+use crate::error::Result;
+use crate::prim::fork::lock;
+use std::sync::atomic::Ordering;
 
 impl Pool {
     /// The generation a block (or slab) allocated now belongs to.

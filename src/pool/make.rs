@@ -2,8 +2,10 @@
 //! device), its kind, device and size classes, the stream it serves and how reuse on it is
 //! ordered, and whether it is the host side's primary pool.
 
+use super::class::ClassTable;
 use super::parts::{Commit, Decay, ForkHold, Retention};
-use super::{ClassState, ClassTable, Group, Large, Pool, PoolStats};
+use super::stats::PoolStats;
+use super::types::{ClassState, Group, Large, Pool};
 use crate::backing::{Backing, Kind};
 use crate::prim::fork::lock;
 use std::sync::Mutex;

@@ -1,7 +1,8 @@
 //! What a pool reports: a snapshot of what it maps, reserves and caches, and its largest free
 //! span.
 
-use super::{Pool, PoolReport, tcache};
+use super::tcache;
+use super::types::{Pool, PoolReport};
 use crate::prim::fork::lock;
 
 impl Pool {

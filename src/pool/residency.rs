@@ -14,9 +14,10 @@
 //! - Blocks that never left the device (the common case) cost nothing: no call is made.
 //! - A span that reads as zero is never discarded (calloc relies on it).
 
-use super::span::{Large, Span};
-use super::{Entry, Kind, Ordering, Pool, entry_at};
-use crate::pool::span::SPAN_USED;
+use super::entry::{Entry, entry_at};
+use super::types::{Large, Pool, SPAN_USED, Span};
+use crate::backing::Kind;
+use std::sync::atomic::Ordering;
 
 /// Blocks below this are not worth a driver call (a large page).
 pub(crate) const DISCARD_MIN: usize = 2 << 20;

@@ -2,7 +2,8 @@
 //! memory that pins chunks past it, `trim`, and what an out-of-memory retry gives back first
 //! (with the pool it shares its counters and limit with).
 
-use super::{Pool, commit, tcache};
+use super::types::Pool;
+use super::{commit, tcache};
 use crate::prim::fork::lock;
 
 impl Pool {

@@ -19,38 +19,11 @@
 //! What stands in front of the slabs (the thread cache and the hot slot, the refill and the
 //! free paths that use them) is in `small`.
 
-use super::{AtomicUsize, BlockInfo, Ordering, Pool, Span, TAG_SLAB, lock, registry};
+use super::types::{BlockInfo, ClassState, NEVER, Pool, Slab, Slot, Span, TAG_SLAB};
+use crate::prim::fork::lock;
+use crate::registry;
 use std::sync::atomic::{AtomicU32, AtomicU64};
-
-/// A free slot: its slab and index.
-pub(super) type Slot = (&'static Slab, u32);
-
-/// Descriptor of a slab: a span cut into equal slots of one class.
-pub struct Slab {
-    pub(super) pool: &'static Pool,
-    pub(super) class: usize,
-    pub(super) slot: usize,
-    pub(super) nslots: usize,
-    /// `nslots * slot`: the bytes of the slab's slots.
-    len: usize,
-    /// Index of this descriptor's state in its class (fixed for the descriptor's life).
-    id: usize,
-    pub(super) base: AtomicUsize,
-    span: AtomicUsize,
-    /// Reciprocal of `slot` for division by multiplication: `idx = off * magic >> 64`.
-    magic: u64,
-    /// Per slot: requested bytes + 1 while handed out, 0 otherwise.
-    pub(super) words: Box<[AtomicU32]>,
-    /// The fork generation of its blocks (renewed when it is taken from with no slot out):
-    /// see `hold`.
-    pub(super) born: AtomicU64,
-    /// Blocks of the slab live now (handed out and not freed), as a hint: kept with plain
-    /// loads and stores, so exact when one thread uses the slab and possibly off by a few
-    /// while threads race on it (it is set right whenever the slab empties). It only decides
-    /// when cached slots go back early (`free_small`, `tcache::release_dead`); what is
-    /// released is decided by the exact count under the class lock.
-    live: AtomicU32,
-}
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 impl Slab {
     /// Slot index of byte offset `off` (exact for offsets below 2^32).
@@ -150,161 +123,6 @@ impl Slab {
     }
 }
 
-/// Where a slab descriptor is in its class.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum At {
-    /// In use, with free slots: `partial[i]`.
-    Partial(usize),
-    /// In use, every slot out.
-    Full,
-    /// Every slot free, kept for reuse: `empty[i]`.
-    Empty(usize),
-    /// No span: waiting in `spare` for reuse.
-    Spare,
-}
-
-/// What a class knows of one of its slab descriptors (under the class lock).
-struct SlabState {
-    desc: &'static Slab,
-    /// Freed slot indices below `bump`.
-    free: Vec<u16>,
-    /// Slots at or past `bump` were never handed out since the slab was made.
-    bump: usize,
-    /// Slots out of the slab: handed out or in a thread cache.
-    out: usize,
-    at: At,
-}
-
-impl SlabState {
-    fn free_slots(&self) -> usize {
-        self.free.len() + (self.desc.nslots - self.bump)
-    }
-}
-
-/// One size class of a pool: its slab descriptors and which of them have free slots.
-#[derive(Default)]
-pub(crate) struct ClassState {
-    slabs: Vec<SlabState>,
-    partial: Vec<usize>,
-    empty: Vec<usize>,
-    spare: Vec<usize>,
-    /// Free slots in slabs in use (partial and empty).
-    free: usize,
-    /// Freed slots held back for fork children (still out of their slabs): see `hold`.
-    held: Vec<Slot>,
-}
-
-impl ClassState {
-    /// Hold freed slot `slot` back for fork children (it stays out of its slab).
-    pub(super) fn hold(&mut self, slot: Slot) {
-        self.held.push(slot);
-    }
-
-    /// The held slots that `still` no longer holds (by their slab's generation), taken off the
-    /// held list; they are still out of their slabs.
-    pub(super) fn take_unheld(&mut self, still: impl Fn(u64) -> bool) -> Vec<Slot> {
-        if self.held.is_empty() {
-            return Vec::new();
-        }
-        let (keep, go) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|(s, _)| still(s.born.load(Ordering::Relaxed)));
-        self.held = keep;
-        go
-    }
-
-    /// Free slots held by the class (not counting thread caches).
-    pub(super) fn free_slots(&self) -> usize {
-        self.free
-    }
-
-    /// Take slab `id` out of whichever list holds it (partial or empty); it is then `Full`.
-    fn unlist(&mut self, id: usize) {
-        let (i, partial) = match self.slabs[id].at {
-            At::Partial(i) => (i, true),
-            At::Empty(i) => (i, false),
-            At::Full | At::Spare => return,
-        };
-        let list = if partial {
-            &mut self.partial
-        } else {
-            &mut self.empty
-        };
-        list.swap_remove(i);
-        if let Some(&moved) = list.get(i) {
-            self.slabs[moved].at = if partial {
-                At::Partial(i)
-            } else {
-                At::Empty(i)
-            };
-        }
-        self.slabs[id].at = At::Full;
-    }
-
-    fn push_partial(&mut self, id: usize) {
-        self.partial.push(id);
-        self.slabs[id].at = At::Partial(self.partial.len() - 1);
-    }
-
-    /// Take up to `want` free slots, from partial slabs first, then a kept empty slab.
-    /// Returns the slots and the bytes of empty slabs brought back into use.
-    fn take(&mut self, want: usize, out: &mut Vec<Slot>) -> usize {
-        let mut revived = 0;
-        while out.len() < want {
-            let id = match self.partial.last() {
-                Some(&id) => id,
-                None => match self.empty.last() {
-                    Some(&id) => {
-                        self.unlist(id);
-                        revived += self.slabs[id].desc.bytes();
-                        self.push_partial(id);
-                        id
-                    }
-                    None => break,
-                },
-            };
-            let st = &mut self.slabs[id];
-            while out.len() < want {
-                let idx = match st.free.pop() {
-                    Some(i) => i as usize,
-                    None if st.bump < st.desc.nslots => {
-                        st.bump += 1;
-                        st.bump - 1
-                    }
-                    None => break,
-                };
-                st.out += 1;
-                self.free -= 1;
-                out.push((st.desc, idx as u32));
-            }
-            if self.slabs[id].free_slots() == 0 {
-                self.unlist(id);
-            }
-        }
-        revived
-    }
-
-    /// Put slot `idx` back into its slab. Returns true when the slab is now wholly free (the
-    /// caller decides whether to keep it); it is then out of the partial list.
-    fn give(&mut self, id: usize, idx: u32) -> bool {
-        let st = &mut self.slabs[id];
-        debug_assert!(st.out > 0 && !matches!(st.at, At::Spare));
-        st.free.push(idx as u16);
-        st.out -= 1;
-        self.free += 1;
-        if self.slabs[id].out == 0 {
-            // Every slot is back: nothing is live (the hint may have drifted).
-            self.slabs[id].desc.live.store(0, Ordering::Relaxed);
-            self.unlist(id);
-            return true;
-        }
-        if self.slabs[id].at == At::Full {
-            self.push_partial(id);
-        }
-        false
-    }
-}
-
 impl Pool {
     #[inline]
     pub(super) fn take_slots(&'static self, st: &mut ClassState, want: usize, out: &mut Vec<Slot>) {
@@ -319,46 +137,29 @@ impl Pool {
         let slot = self.table.sizes[ci];
         let bytes = self.table.slab_bytes[ci];
         let nslots = bytes / slot;
-        let id = match st.spare.pop() {
-            Some(id) => id,
-            None => {
-                let id = st.slabs.len();
-                let desc: &'static Slab = Box::leak(Box::new(Slab {
-                    pool: self,
-                    class: ci,
-                    slot,
-                    nslots,
-                    len: nslots * slot,
-                    id,
-                    base: AtomicUsize::new(0),
-                    span: AtomicUsize::new(0),
-                    magic: (u64::MAX / slot as u64) + 1,
-                    words: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
-                    born: AtomicU64::new(super::span::NEVER),
-                    live: AtomicU32::new(0),
-                }));
-                st.slabs.push(SlabState {
-                    desc,
-                    free: Vec::new(),
-                    bump: 0,
-                    out: 0,
-                    at: At::Spare,
-                });
-                id
-            }
-        };
-        let desc = st.slabs[id].desc;
+        let id = st.spare_or_new(|id| {
+            Box::leak(Box::new(Slab {
+                pool: self,
+                class: ci,
+                slot,
+                nslots,
+                len: nslots * slot,
+                id,
+                base: AtomicUsize::new(0),
+                span: AtomicUsize::new(0),
+                magic: (u64::MAX / slot as u64) + 1,
+                words: (0..nslots).map(|_| AtomicU32::new(0)).collect(),
+                born: AtomicU64::new(NEVER),
+                live: AtomicU32::new(0),
+            }))
+        });
+        let desc = st.desc(id);
         let start = span.start();
         desc.born.store(self.birth_gen(), Ordering::Relaxed);
         desc.base.store(start, Ordering::Release);
         desc.span
             .store(span as *const Span as usize, Ordering::Release);
-        let s = &mut st.slabs[id];
-        s.free.clear();
-        s.bump = 0;
-        s.out = 0;
-        st.free += nslots;
-        st.push_partial(id);
+        st.list_new(id);
         // The span's range was reserved when its chunk was mapped.
         registry::set_range(start, bytes, desc as *const Slab as usize | TAG_SLAB);
     }
@@ -383,9 +184,9 @@ impl Pool {
     /// one, the one that emptied last (an older one sits in memory more likely to be idle
     /// otherwise, so it goes back). Returns whether `slab` was kept.
     fn keep_empty(&'static self, st: &mut ClassState, slab: &'static Slab) -> bool {
-        if let Some(&old) = st.empty.last() {
+        if let Some(old) = st.last_empty() {
             st.unlist(old);
-            self.retention.unkeep_slabs(st.slabs[old].desc.bytes());
+            self.retention.unkeep_slabs(st.desc(old).bytes());
             self.release_slab(st, old);
         }
         let bytes = slab.bytes();
@@ -397,22 +198,13 @@ impl Pool {
             return false;
         }
         self.retention.keep_slab(bytes);
-        st.empty.push(slab.id);
-        st.slabs[slab.id].at = At::Empty(st.empty.len() - 1);
+        st.push_empty(slab.id);
         true
     }
 
     /// Give slab `id` (wholly free, in no list) back to the span allocator.
     fn release_slab(&'static self, st: &mut ClassState, id: usize) {
-        let s = &mut st.slabs[id];
-        debug_assert_eq!(s.out, 0);
-        let n = s.desc.nslots;
-        s.at = At::Spare;
-        s.free.clear();
-        s.bump = 0;
-        let span = s.desc.span();
-        st.free -= n;
-        st.spare.push(id);
+        let span = st.retire_slab(id).span();
         // The registry still points at the slab, whose slot words are all 0: a stale free
         // meanwhile is refused as a double free. The class lock is held until the span is
         // back, so the descriptor is not reused before then.
@@ -423,9 +215,9 @@ impl Pool {
     pub(super) fn release_empty_slabs(&'static self) {
         for ci in 0..self.classes.len() {
             let mut st = lock(&self.classes[ci]);
-            while let Some(&id) = st.empty.last() {
+            while let Some(id) = st.last_empty() {
                 st.unlist(id);
-                self.retention.unkeep_slabs(st.slabs[id].desc.bytes());
+                self.retention.unkeep_slabs(st.desc(id).bytes());
                 self.release_slab(&mut st, id);
             }
         }

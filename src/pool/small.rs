@@ -7,9 +7,12 @@
 //! it back to its slab. The fast paths of the malloc family (`pool::free_cached`,
 //! `pool::resize_cached`) come here too.
 
-use super::slab::{Slab, Slot};
+use super::class::SMALL_MAX;
 use super::tcache;
-use super::{Alloc, Error, Ordering, Pool, Result, SMALL_MAX, double_free, lock, span};
+use super::types::{Alloc, Pool, SPAN_SLAB, Slab, Slot, double_free};
+use crate::error::{Error, Result};
+use crate::prim::fork::lock;
+use std::sync::atomic::Ordering;
 
 /// A hot slot packs its slab descriptor's address (below 2^48 on every 64-bit target we run
 /// on) and its index (below 2^16: slabs hold fewer slots) into one word; 0 is "none".
@@ -93,7 +96,7 @@ impl Pool {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
         } else {
             // Counts a hit (span reused) or a miss (chunk mapped) for this allocation.
-            let span = self.take_span(self.table.slab_bytes[ci], span::SPAN_SLAB)?;
+            let span = self.take_span(self.table.slab_bytes[ci], SPAN_SLAB)?;
             let mut st = lock(&self.classes[ci]);
             self.install_slab(&mut st, ci, span);
             self.take_slots(&mut st, 1 + extra, &mut got);

@@ -24,8 +24,7 @@
 //! caches of other threads, and reading their statistics), `dead` (giving back cached slots
 //! of slabs with no live block) and `fork` (the caches around `fork()`).
 
-use super::Pool;
-use super::slab::Slot;
+use super::types::{Pool, Slot};
 use crate::prim::fork::lock;
 use std::cell::{Cell, UnsafeCell};
 use std::sync::Mutex;

@@ -1,6 +1,7 @@
+use super::class::SLAB_MAX;
 use super::*;
-use crate::backing::{ARENA, HostBacking};
-use std::sync::atomic::AtomicBool;
+use crate::backing::{ARENA, Backing, Chunk, HostBacking, Kind};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 mod pages;
 mod report;

@@ -3,7 +3,8 @@
 
 use super::*;
 use crate::backing::HostBacking;
-use crate::pool::{MAX_REQUEST, lookup};
+use crate::pool::lookup;
+use crate::pool::types::MAX_REQUEST;
 
 const MB: usize = 1 << 20;
 

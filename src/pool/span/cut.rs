@@ -2,8 +2,7 @@
 //! block off either end of a free span. Part of `span`; `take` cuts blocks with it, and
 //! `chunk`, `grow` and `commit` make and cut descriptors through the pool.
 
-use super::{Large, NEVER, SPAN_FREE, Span};
-use crate::pool::{Pool, TAG_SPAN};
+use crate::pool::types::{Large, NEVER, Pool, SPAN_FREE, Span, TAG_SPAN};
 use crate::registry;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 

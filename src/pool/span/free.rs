@@ -3,9 +3,11 @@
 //! which holds the descriptors and the books (`Large`) these work on; taking spans is in
 //! `take`.
 
-use super::{Large, SPAN_CACHED, SPAN_FREE, SPAN_HELD, SPAN_USED, Span};
 use crate::error::{Error, Result};
-use crate::pool::{Entry, Pool, TAG_SPAN, double_free, entry_at};
+use crate::pool::entry::{Entry, entry_at};
+use crate::pool::types::{
+    Large, Pool, SPAN_CACHED, SPAN_FREE, SPAN_HELD, SPAN_USED, Span, TAG_SPAN, double_free,
+};
 use crate::prim::fork::lock;
 use crate::registry::{self, GRANULE};
 use std::sync::atomic::Ordering;

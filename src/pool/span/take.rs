@@ -3,10 +3,11 @@
 //! state. Part of `span`, which holds the descriptors and the books (`Large`) these work on;
 //! cutting a descriptor out of a free span is in `cut`, giving spans back in `free`.
 
-use super::{Fit, Large, SPAN_FREE, SPAN_SLAB, SPAN_TAKING, SPAN_USED, Span};
 use crate::backing::HUGEPAGE_MIN;
 use crate::error::Result;
-use crate::pool::{Alloc, Pool};
+use crate::pool::types::{
+    Alloc, Fit, Large, Pool, SPAN_FREE, SPAN_SLAB, SPAN_TAKING, SPAN_USED, Span,
+};
 use crate::prim::fork::lock;
 use crate::registry::GRANULE;
 use std::sync::atomic::Ordering;

@@ -4,9 +4,8 @@
 
 use super::reclaim::{heavy_barrier, wait_idle};
 use super::{Cache, TC, caches, mine};
-use crate::pool::Pool;
 use crate::pool::parts::epoch_ms;
-use crate::pool::slab::{Slab, Slot};
+use crate::pool::types::{Pool, Slab, Slot};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 // ---- slots that pin memory the pool would give back ---------------------------------------

@@ -6,7 +6,7 @@
 //! the handshake from here.
 
 use super::{ASYM, ASYM_PROBED, Cache, GONE, TC, caches};
-use crate::pool::Pool;
+use crate::pool::types::Pool;
 use crate::prim::os;
 use std::sync::atomic::{Ordering, fence};
 

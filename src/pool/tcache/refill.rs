@@ -5,8 +5,7 @@
 
 use super::reclaim::probe_membarrier;
 use super::{Bin, CAP, CLASS_BYTES, COUNT_FLUSH, Cache, GONE, Inner, TC, TC_GUARD, caches, mine};
-use crate::pool::Pool;
-use crate::pool::slab::Slot;
+use crate::pool::types::{Pool, Slot};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
