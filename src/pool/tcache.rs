@@ -176,10 +176,14 @@ impl Cache {
         unsafe { &mut *self.inner.get() }
     }
 
-    /// Whether the counts kept here are due to be published (every `COUNT_FLUSH` operations,
-    /// or `IN_USE_FLUSH` bytes of change either way).
+    /// Count one operation (its `in_use` change already added); whether the counts kept here
+    /// are then due to be published (every `COUNT_FLUSH` operations, or `IN_USE_FLUSH` bytes
+    /// of change either way). `ops_left` starts at `COUNT_FLUSH` and is set back there by
+    /// every publication, which follows as soon as it reaches 0: it is never 0 here.
     #[inline(always)]
-    fn counts_due(inner: &Inner) -> bool {
+    fn count_op(inner: &mut Inner) -> bool {
+        debug_assert!(inner.ops_left > 0);
+        inner.ops_left = inner.ops_left.wrapping_sub(1);
         inner.ops_left == 0 || (inner.in_use + IN_USE_FLUSH) as usize > 2 * IN_USE_FLUSH as usize
     }
 
@@ -248,9 +252,8 @@ fn pop_from(c: &Cache, ci: usize, n: usize) -> Option<Slot> {
         inner.bytes -= bin.size;
         c.bytes.store(inner.bytes, Ordering::Relaxed);
         inner.allocs += 1;
-        inner.ops_left = inner.ops_left.saturating_sub(1);
         inner.in_use += n as isize;
-        if Cache::counts_due(inner) {
+        if Cache::count_op(inner) {
             c.flush_counts(inner);
         }
     }
@@ -291,8 +294,7 @@ pub(super) fn note_resize(c: &Cache, old: usize, new: usize) -> bool {
     let inner = unsafe { c.inner() };
     inner.in_use += new as isize - old as isize;
     inner.reallocs += 1;
-    inner.ops_left = inner.ops_left.saturating_sub(1);
-    if Cache::counts_due(inner) {
+    if Cache::count_op(inner) {
         c.flush_counts(inner);
     }
     c.leave();
@@ -322,18 +324,42 @@ pub(super) fn push_to(c: &Cache, pool: &'static Pool, ci: usize, slot: Slot, n: 
     debug_assert!(ci < inner.bins.len());
     // SAFETY: `ci` is a class of the owner's table, which has one bin per class.
     let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
-    let overflow = if bin.slots.len() >= bin.cap {
-        let old = take_oldest_half(&mut bin.slots);
-        inner.bytes -= old.len() * bin.size;
-        Some(old)
-    } else {
-        None
-    };
+    if bin.slots.len() >= bin.cap {
+        push_spilling(c, pool, ci, slot, n);
+        return true;
+    }
+    put(c, inner, ci, slot, n);
+    c.leave();
+    true
+}
+
+/// `push_to` into a full bin (inside the busy window, which it closes): the bin's oldest half
+/// goes back to the slabs, then the slot goes in. Out of line, so that the common push keeps
+/// no spill state.
+#[cold]
+#[inline(never)]
+fn push_spilling(c: &Cache, pool: &'static Pool, ci: usize, slot: Slot, n: usize) {
+    // SAFETY: inside our busy window (opened by `push_to`).
+    let inner = unsafe { c.inner() };
+    // SAFETY: as in `push_to`.
+    let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
+    let old = take_oldest_half(&mut bin.slots);
+    inner.bytes -= old.len() * bin.size;
+    put(c, inner, ci, slot, n);
+    c.leave();
+    spill(pool, ci, old);
+}
+
+/// Put `slot` into bin `ci`, which has room, and count the free (inside the busy window).
+#[inline(always)]
+fn put(c: &Cache, inner: &mut Inner, ci: usize, slot: Slot, n: usize) {
+    // SAFETY: `ci` is a class of the owner's table, which has one bin per class.
+    let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
     let len = bin.slots.len();
-    debug_assert!(len < bin.slots.capacity());
-    // SAFETY: bins are made with room for `cap + 1` slots and hold at most `cap` here (the
-    // oldest half went above when the bin was full), so the write is inside the allocation,
-    // and the slot at `len` is then initialised.
+    debug_assert!(len < bin.cap && len < bin.slots.capacity());
+    // SAFETY: bins are made with room for `cap + 1` slots and hold fewer than `cap` here (the
+    // oldest half went when the bin was full), so the write is inside the allocation, and the
+    // slot at `len` is then initialised.
     unsafe {
         bin.slots.as_mut_ptr().add(len).write(slot);
         bin.slots.set_len(len + 1);
@@ -342,16 +368,10 @@ pub(super) fn push_to(c: &Cache, pool: &'static Pool, ci: usize, slot: Slot, n: 
     c.bytes.store(inner.bytes, Ordering::Relaxed);
     inner.fresh = true;
     inner.frees += 1;
-    inner.ops_left = inner.ops_left.saturating_sub(1);
     inner.in_use -= n as isize;
-    if Cache::counts_due(inner) {
+    if Cache::count_op(inner) {
         c.flush_counts(inner);
     }
-    c.leave();
-    if let Some(old) = overflow {
-        spill(pool, ci, old);
-    }
-    true
 }
 
 #[cold]
