@@ -2232,15 +2232,17 @@ def device_realloc_waits_for_the_stream():
 
     ump_alloc.enable(torch=False)
     lib = _lib_handle()
-    s = cp.cuda.Stream(non_blocking=True)
     cp.ones(1)
-    want, got = _realloc_race(lib, s, use_realloc=False)
+    # Each round on a stream of its own: a new stream's pool cuts x and y from a whole free
+    # chunk, so y lies just below x (the first round's frees leave its pool's free memory in
+    # another order).
+    want, got = _realloc_race(lib, cp.cuda.Stream(non_blocking=True), use_realloc=False)
     marker = int(np.count_nonzero(got == 0xA5A5A5A5))
     assert not np.array_equal(got, want) and marker > 0, (
         "the control did not reproduce the race (the kernel finished before the host wrote?)"
     )
     print(f"control: {marker} words of the kernel's marker over the host's pattern")
-    want, got = _realloc_race(lib, s, use_realloc=True)
+    want, got = _realloc_race(lib, cp.cuda.Stream(non_blocking=True), use_realloc=True)
     bad = int(np.count_nonzero(got != want))
     assert bad == 0, f"{bad} words differ after ump_realloc (marker: {int(np.count_nonzero(got == 0xA5A5A5A5))})"
     print("ump_realloc waited for the stream: the host's pattern is intact over all 16 MiB")
