@@ -144,14 +144,14 @@ impl Pool {
 mod tests {
     use super::*;
     use crate::backing::HostBacking;
-    use crate::pool::lookup;
+    use crate::pool::entry::lookup;
     use crate::prim::fork::lock;
     use crate::stream::StreamPools;
 
     const MB: usize = 1 << 20;
 
     fn group(device_memory: usize) -> &'static StreamPools {
-        let stats = Box::leak(Box::new(crate::pool::PoolStats::default()));
+        let stats = Box::leak(Box::new(crate::pool::stats::PoolStats::default()));
         let g = StreamPools::new(
             0,
             Box::new(|| Box::new(HostBacking::for_device(Kind::UMP_KIND_SYSTEM, 0))),

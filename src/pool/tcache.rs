@@ -266,7 +266,7 @@ fn pop_from(c: &Cache, ci: usize, n: usize) -> Option<Slot> {
 /// `n`'s class. Counted here as `pop` counts. `n <= SMALL_MAX`.
 #[inline(always)]
 pub(super) fn alloc_primary(n: usize) -> Option<usize> {
-    debug_assert!(n <= super::SMALL_MAX);
+    debug_assert!(n <= super::class::SMALL_MAX);
     let p = TC.try_with(|c| c.get()).unwrap_or(GONE);
     if p <= GONE {
         return None;
