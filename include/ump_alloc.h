@@ -740,8 +740,8 @@ void ump_numpy_free(void *ctx, void *ptr, size_t size);
 // `PyDataMem_SetHandler`. Static: valid for the life of the library. Never NULL.
 const struct ump_numpy_handler *ump_numpy_handler(void);
 
-// The dispatch handler (name `"ump_alloc_dispatch"`), made to take the place of the handler
-// `fallback` (NumPy's default one): put it into NumPy's default handler capsule
+// The dispatch handler, made to take the place of the handler `fallback` (NumPy's default one,
+// whose name `"default_allocator"` it keeps): put it into NumPy's default handler capsule
 // (`PyCapsule_SetPointer`) and every thread that has not set a handler of its own allocates
 // through it. While `ump_numpy_dispatch_set(true)` is in force its blocks come from ump-alloc,
 // otherwise from `fallback`'s functions; every block is resized and freed by the allocator that

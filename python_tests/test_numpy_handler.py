@@ -116,7 +116,9 @@ def test_a_thread_pool_made_before_enable_allocates_from_ump_alloc():
         errors = ump_alloc.error_count()
         with ump_alloc.enabled(cupy=False, torch=False):
             during, during_copy, on, name = pool.submit(_pool_task, 50_000, 2).result()
-            assert on and name == "ump_alloc_dispatch"
+            # NumPy's default handler, dispatching: it keeps its name (NumPy's own suite asks
+            # for it), and the memory is ump-alloc's.
+            assert on and name == "default_allocator"
             assert ump_alloc.handles(during), "a thread made before enable() stayed on NumPy's allocator"
             # A block NumPy made before, resized now: stays NumPy's, contents kept.
             pool.submit(before.resize, 200_000, refcheck=False).result()
@@ -128,6 +130,23 @@ def test_a_thread_pool_made_before_enable_allocates_from_ump_alloc():
         assert ump_alloc.handles(during) and np.array_equal(during[:50_000], during_copy)
         del before, during
     assert ump_alloc.error_count() == errors, ump_alloc.last_error()
+
+
+def test_the_default_handler_keeps_its_name_and_serves_ump_alloc():
+    """NumPy's own tests (``test_mem_policy.py``: ``test_default_policy_singleton``,
+    ``test_context_locality``) set the default handler and ask its name: it must still read
+    ``default_allocator`` while the dispatch stands in it, and a fresh context (what a new
+    thread starts from) allocates from ump-alloc through it."""
+    import contextvars
+
+    fresh = contextvars.Context()
+    assert fresh.run(_ma.get_handler_name) == "default_allocator"
+    with ump_alloc.enabled(cupy=False, torch=False):
+        assert _ma.get_handler_name() == "ump_alloc"
+        name, a = fresh.run(lambda: (_ma.get_handler_name(), np.arange(100_000.0)))
+        assert name == "default_allocator" and ump_alloc.handles(a), name
+        assert _ma.get_handler_name(a) == "default_allocator"
+    del a
 
 
 def test_threads_false_leaves_other_threads_alone():

@@ -67,8 +67,12 @@ static HANDLER: Static = Static(ump_numpy_handler {
     },
 });
 
+/// It keeps the name of the handler it takes the place of: it is still NumPy's default handler
+/// (the one capsule every context starts from), and NumPy's own suite, like code that checks
+/// for the default, asks `get_handler_name()` for `"default_allocator"`. Whose a block is, the
+/// identity query tells (`ump_identify`, `ump_alloc.handles`).
 static DISPATCH_HANDLER: Static = Static(ump_numpy_handler {
-    name: name("ump_alloc_dispatch"),
+    name: name("default_allocator"),
     version: 1,
     allocator: ump_numpy_allocator {
         ctx: null_mut(),
@@ -119,8 +123,8 @@ pub extern "C" fn ump_numpy_handler() -> *const ump_numpy_handler {
     &HANDLER.0
 }
 
-/// The dispatch handler (name `"ump_alloc_dispatch"`), made to take the place of the handler
-/// `fallback` (NumPy's default one): put it into NumPy's default handler capsule
+/// The dispatch handler, made to take the place of the handler `fallback` (NumPy's default one,
+/// whose name `"default_allocator"` it keeps): put it into NumPy's default handler capsule
 /// (`PyCapsule_SetPointer`) and every thread that has not set a handler of its own allocates
 /// through it. While `ump_numpy_dispatch_set(true)` is in force its blocks come from ump-alloc,
 /// otherwise from `fallback`'s functions; every block is resized and freed by the allocator that
