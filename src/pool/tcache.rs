@@ -356,10 +356,11 @@ fn put(c: &Cache, inner: &mut Inner, ci: usize, slot: Slot, n: usize) {
     // SAFETY: `ci` is a class of the owner's table, which has one bin per class.
     let bin = unsafe { inner.bins.get_unchecked_mut(ci) };
     let len = bin.slots.len();
-    debug_assert!(len < bin.cap && len < bin.slots.capacity());
-    // SAFETY: bins are made with room for `cap + 1` slots and hold fewer than `cap` here (the
-    // oldest half went when the bin was full), so the write is inside the allocation, and the
-    // slot at `len` is then initialised.
+    debug_assert!(len <= bin.cap && len < bin.slots.capacity());
+    // SAFETY: bins are made with room for `cap + 1` slots and hold at most `cap` here (fewer
+    // from `push_to`; after a spill, `cap` minus its oldest half, which is `cap` itself for a
+    // bin of one slot), so the write is inside the allocation, and the slot at `len` is then
+    // initialised.
     unsafe {
         bin.slots.as_mut_ptr().add(len).write(slot);
         bin.slots.set_len(len + 1);
