@@ -2,7 +2,9 @@
 //! segments PyTorch's caching allocator asks for, stream-ordered frees (`record_stream`), and
 //! the device's memory figures and fraction.
 
-use super::{block_at, block_of, caps, deferred_twice, free, get, instance};
+use super::blocks::{block_at, block_of, deferred_twice};
+use super::init::{caps, get, instance};
+use super::malloc::free;
 use crate::backing::Kind;
 use crate::error::{Error, Result};
 use crate::mode::DeviceSide;

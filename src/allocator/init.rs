@@ -4,7 +4,7 @@
 //! `check`, the verdict `init` would give.
 
 use super::overrides::with_overrides;
-use super::{Allocator, Gpu};
+use super::state::{Allocator, Gpu};
 use crate::config::{self, Config};
 use crate::error::Result;
 use crate::host::HostPools;

@@ -1,7 +1,8 @@
 //! The host malloc family (NumPy's contract, the C `ump_malloc` family): malloc, calloc,
 //! realloc and free over the host side's pools, with their thread-cache fast paths.
 
-use super::{block_at, deferred_twice, get, instance};
+use super::blocks::{block_at, deferred_twice};
+use super::init::{get, instance};
 use crate::error::{Error, Result};
 use crate::pool;
 use crate::prim::os;

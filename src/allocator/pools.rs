@@ -2,7 +2,7 @@
 //! side's memory, and those of PyTorch's segments where they are plain device memory of their
 //! own (`UMP_ALLOC_TORCH_SEGMENTS`, or `set_segment_memory` at run time).
 
-use super::Allocator;
+use super::state::Allocator;
 use crate::backing::{
     Backing, DeviceBacking, HostBacking, Kind, ManagedBacking, RegisteredBacking, Space, VmmBacking,
 };

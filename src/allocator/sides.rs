@@ -3,7 +3,7 @@
 //! `fork()` does with the host side's memory, and which kinds of memory device code reaches.
 
 use super::init::{INIT, caps, config, get};
-use super::{Allocator, Gpu};
+use super::state::{Allocator, Gpu};
 use crate::backing::{Kind, RegisteredBacking};
 use crate::config;
 use crate::error::Result;
