@@ -1,7 +1,7 @@
 //! Pinned host memory: host pages registered with CUDA (cuMemHostRegister, portable and mapped)
 //! at the same address on every device, and the process-wide cap on it.
 
-use super::{Backing, Chunk, Growth, HUGEPAGE_MIN, Kind, RangeBook};
+use super::resource::{ARENA, Backing, Chunk, Growth, HUGEPAGE_MIN, Kind, RangeBook};
 use crate::error::{Error, Result};
 use crate::prim::fork::{Held, lock};
 use crate::prim::{cuda, os};
@@ -302,7 +302,7 @@ impl Backing for RegisteredBacking {
         }
         // A chunk of its own (a large block) sits at the start of a reservation with room to
         // grow in place (realloc): the room is address space only, neither memory nor pinned.
-        let raw_size = if size >= super::ARENA / 2 {
+        let raw_size = if size >= ARENA / 2 {
             size.saturating_mul(GROW_ROOM).max(GROW_ROOM_MIN)
         } else {
             size

@@ -13,7 +13,7 @@
 //! commit and when to decommit is the pool's policy (`pool::commit`); this file only keeps the
 //! books and calls [`Pages`].
 
-use super::{Backing, Chunk, Kind};
+use super::resource::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
 use crate::prim::fork::lock;
 use crate::prim::{cuda, os};
