@@ -17,11 +17,6 @@ pub use values::{
 };
 use values::{parse_numpy_route, parse_switch};
 
-/// Smallest accepted alignment (the C `max_align_t` on x86-64 and aarch64).
-pub(crate) const MIN_ALIGNMENT: usize = 16;
-/// Largest accepted alignment: the registry granule, so every block start stays aligned.
-pub(crate) const MAX_ALIGNMENT: usize = crate::registry::GRANULE;
-
 /// Reads a value (trimmed, not empty) into the configuration, or says what is wrong with it
 /// (the message follows `NAME="value": `).
 type Read = fn(&mut Config, &str) -> std::result::Result<(), String>;

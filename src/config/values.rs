@@ -3,7 +3,10 @@
 //! counts, limits, alignments, switches) and how a byte count is shown. The table itself, and
 //! the configuration the rows fill, are the parent's (`src/config.rs`).
 
-use super::{MAX_ALIGNMENT, MIN_ALIGNMENT};
+/// Smallest accepted alignment (the C `max_align_t` on x86-64 and aarch64).
+pub(crate) const MIN_ALIGNMENT: usize = 16;
+/// Largest accepted alignment: the registry granule, so every block start stays aligned.
+pub(crate) const MAX_ALIGNMENT: usize = crate::registry::GRANULE;
 
 /// How PyTorch gets its CUDA memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
