@@ -30,25 +30,17 @@ impl Pool {
         let mut now = None;
         while lg.free_bytes + lg.quick_bytes > budget {
             let expired = match decay {
-                None => lg.idle.values().next_back().copied(),
+                None => lg.idle.largest(),
                 Some(d) => {
                     let t = *now.get_or_insert_with(Instant::now);
-                    lg.idle
-                        .values()
-                        .rev()
-                        .find(|sp| {
-                            lg.idle_since
-                                .get(&sp.start())
-                                .is_none_or(|&since| t.duration_since(since) >= d)
-                        })
-                        .copied()
+                    lg.idle.largest_expired(t, d)
                 }
             };
             if let Some(sp) = expired {
                 self.release_chunk(lg, sp);
             } else if decay.is_some() && !lg.idle.is_empty() {
                 // Idle chunks wait out their decay; look again once the oldest is due.
-                let oldest = lg.idle_since.values().min().copied();
+                let oldest = lg.idle.oldest();
                 if let (Some(o), Some(d)) = (oldest, decay) {
                     self.set_decay_due(o + d);
                 }
@@ -211,8 +203,8 @@ impl Pool {
     /// of them remain. Returns the bytes given back.
     pub(super) fn release_free_chunks(&'static self, lg: &mut Large, keep: usize) -> usize {
         let mut released = 0;
-        while lg.idle_bytes > keep {
-            let Some(&sp) = lg.idle.values().next_back() else {
+        while lg.idle.bytes() > keep {
+            let Some(sp) = lg.idle.largest() else {
                 break;
             };
             released += self.release_chunk(lg, sp);
@@ -227,10 +219,10 @@ impl Pool {
         min: usize,
     ) -> Option<(Chunk, Option<Box<dyn Fence>>)> {
         let mut lg = lock(&self.large);
-        if lg.idle.range((min, 0)..).next().is_none() {
+        if lg.idle.smallest_at_least(min).is_none() {
             self.flush_quick(&mut lg);
         }
-        let (_, &sp) = lg.idle.range((min, 0)..).next()?;
+        let sp = lg.idle.smallest_at_least(min)?;
         let start = sp.start();
         let chunk = self.detach_chunk(&mut lg, sp);
         let ev = lg.take_event(start);
@@ -256,7 +248,7 @@ impl Pool {
         lg.clear_events();
         self.flush_quick(&mut lg);
         if let Some(g) = self.group {
-            while let Some(&sp) = lg.idle.values().next() {
+            while let Some(sp) = lg.idle.smallest() {
                 let chunk = self.detach_chunk(&mut lg, sp);
                 g.adopt(chunk, lock(&self.retire_event).clone());
             }

@@ -8,7 +8,7 @@
 //! parts that need no back-pointer own their state in `pool/parts/`.
 
 use super::class::ClassTable;
-use super::parts::{Batch, Commit, Decay, ForkHold, Retention};
+use super::parts::{Batch, Commit, Decay, ForkHold, IdleChunks, Retention};
 use super::stats::PoolStats;
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
@@ -16,7 +16,6 @@ use crate::prim::fork::lock;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 /// Largest request accepted at all (keeps every size computation far from overflow).
 pub(crate) const MAX_REQUEST: usize = isize::MAX as usize / 2;
@@ -277,9 +276,8 @@ pub(crate) struct Large {
     /// Free spans by (length, start).
     pub(in crate::pool) free: BTreeMap<(usize, usize), &'static Span>,
     pub(in crate::pool) free_bytes: usize,
-    /// The wholly free chunks among `free` (what can go back to the backing).
-    pub(in crate::pool) idle: BTreeMap<(usize, usize), &'static Span>,
-    pub(in crate::pool) idle_bytes: usize,
+    /// The wholly free chunks among `free` (what can go back to the backing), an owned part.
+    pub(in crate::pool) idle: IdleChunks<&'static Span>,
     /// Chunks of this pool by base.
     pub(in crate::pool) chunks: BTreeMap<usize, Chunk>,
     pub(in crate::pool) spare: Vec<&'static Span>,
@@ -290,8 +288,6 @@ pub(crate) struct Large {
     /// The exact-size list (oldest first): spans in state CACHED.
     pub(in crate::pool) quick: VecDeque<&'static Span>,
     pub(in crate::pool) quick_bytes: usize,
-    /// Pools with a decay: when each wholly free chunk (by base) fell idle.
-    pub(in crate::pool) idle_since: BTreeMap<usize, Instant>,
     /// Lazily committed pools: what is committed and what may be purged.
     pub(in crate::pool) lazy: Lazy,
     /// Managed stream pools: freed blocks to discard, in one batch (see `residency`).

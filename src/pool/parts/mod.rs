@@ -7,6 +7,7 @@ mod clock;
 mod commit;
 mod decay;
 mod fork_hold;
+mod idle;
 mod retention;
 
 pub(crate) use batch::Batch;
@@ -14,4 +15,5 @@ pub(crate) use clock::epoch_ms;
 pub(crate) use commit::Commit;
 pub(crate) use decay::Decay;
 pub(crate) use fork_hold::ForkHold;
+pub(crate) use idle::IdleChunks;
 pub(crate) use retention::Retention;

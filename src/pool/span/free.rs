@@ -174,15 +174,12 @@ impl Pool {
             self.on_span_free(lg, cur);
         }
         if cur.is_whole_chunk() {
-            lg.idle.insert(key, cur);
-            lg.idle_bytes += key.0;
+            let since = self.decay().is_some().then(Instant::now);
+            lg.idle.insert(key, cur, since);
             if let Some(i) = lg.doomed.iter().position(|&b| b == key.1) {
                 lg.doomed.swap_remove(i);
                 self.release_chunk(lg, cur);
                 return;
-            }
-            if self.decay().is_some() {
-                lg.idle_since.insert(key.1, Instant::now());
             }
             if self.ordered() {
                 self.stamp_idle(lg, key.1);
@@ -196,10 +193,7 @@ impl Pool {
         if lg.free.remove(&key).is_some() {
             lg.free_bytes -= key.0;
         }
-        if lg.idle.remove(&key).is_some() {
-            lg.idle_bytes -= key.0;
-            lg.idle_since.remove(&key.1);
-        }
+        lg.idle.remove(key);
     }
 
     /// `a` takes over its right neighbour `b` (out of the free set); `b`'s descriptor is
