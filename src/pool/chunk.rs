@@ -28,7 +28,7 @@ impl Pool {
             .saturating_sub(self.retention.kept_slabs());
         let decay = self.decay();
         let mut now = None;
-        while lg.free_bytes + lg.quick_bytes > budget {
+        while lg.free_bytes + lg.quick.bytes() > budget {
             let expired = match decay {
                 None => lg.idle.largest(),
                 Some(d) => {
@@ -46,13 +46,13 @@ impl Pool {
                 }
                 self.set_over_retain(true);
                 return;
-            } else if let Some(old) = lg.quick.pop_front() {
+            } else if let Some(old) = lg.quick.pop_oldest() {
                 self.uncache(lg, old);
             } else {
                 break;
             }
         }
-        self.set_over_retain(lg.free_bytes + lg.quick_bytes > budget);
+        self.set_over_retain(lg.free_bytes + lg.quick.bytes() > budget);
         self.clear_decay_due();
     }
 

@@ -137,7 +137,7 @@ impl Pool {
         }
         match next.state.load(Ordering::Acquire) {
             SPAN_FREE if lg.free.contains_key(&(next.len(), end)) => Some((next, next.len())),
-            SPAN_CACHED if lg.quick.iter().any(|q| std::ptr::eq(*q, next)) => {
+            SPAN_CACHED if lg.quick.contains_where(|q| std::ptr::eq(q, next)) => {
                 let after = end + next.len();
                 let more = match entry_at(after) {
                     Some(Entry::Span(f))
@@ -169,12 +169,9 @@ impl Pool {
         }
         if next.state.load(Ordering::Acquire) == SPAN_CACHED {
             // On the exact-size list: merge it into the free set first.
-            let i = lg
-                .quick
-                .iter()
-                .position(|q| std::ptr::eq(*q, next))
+            lg.quick
+                .take_where(|q| std::ptr::eq(q, next))
                 .expect("free_after found it listed");
-            lg.quick.remove(i);
             self.uncache(lg, next);
             let Some(Entry::Span(merged)) = entry_at(end) else {
                 unreachable!("the merged span starts where the listed one did");
@@ -232,7 +229,7 @@ impl Pool {
             };
             let listed = match f.state.load(Ordering::Acquire) {
                 SPAN_FREE => lg.free.contains_key(&(f.len(), a)),
-                SPAN_CACHED => lg.quick.iter().any(|q| std::ptr::eq(*q, f)),
+                SPAN_CACHED => lg.quick.contains_where(|q| std::ptr::eq(q, f)),
                 _ => false,
             };
             if !listed || f.start() != a || f.chunk_base.load(Ordering::Relaxed) != cbase {
@@ -254,10 +251,7 @@ impl Pool {
             sp.away
                 .fetch_or(f.away.load(Ordering::Relaxed), Ordering::Relaxed);
             if f.state.load(Ordering::Acquire) == SPAN_CACHED {
-                if let Some(i) = lg.quick.iter().position(|q| std::ptr::eq(*q, f)) {
-                    lg.quick.remove(i);
-                    lg.quick_bytes -= f.len();
-                }
+                lg.quick.take_where(|q| std::ptr::eq(q, f));
             } else {
                 self.unlist_free(lg, f);
             }

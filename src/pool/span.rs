@@ -94,7 +94,8 @@ impl Large {
         let mut spans: Vec<(usize, usize, usize)> = self
             .free
             .values()
-            .chain(self.quick.iter())
+            .copied()
+            .chain(self.quick.values())
             .map(|sp| (sp.start(), sp.len(), sp.chunk_base.load(Ordering::Relaxed)))
             .collect();
         spans.sort_unstable();
@@ -114,6 +115,6 @@ impl Large {
 
     /// Free bytes in spans and the exact-size list.
     pub(super) fn free_bytes(&self) -> usize {
-        self.free_bytes + self.quick_bytes
+        self.free_bytes + self.quick.bytes()
     }
 }

@@ -8,7 +8,7 @@
 //! parts that need no back-pointer own their state in `pool/parts/`.
 
 use super::class::ClassTable;
-use super::parts::{Batch, Commit, Decay, ForkHold, IdleChunks, Retention};
+use super::parts::{Batch, Commit, Decay, ForkHold, IdleChunks, QuickList, Retention};
 use super::stats::PoolStats;
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
@@ -285,9 +285,8 @@ pub(crate) struct Large {
     /// the pool's stream when it fell idle. Another stream may use the chunk once it waits
     /// for the event; this stream may use it at once.
     events: Vec<(usize, Box<dyn Fence>)>,
-    /// The exact-size list (oldest first): spans in state CACHED.
-    pub(in crate::pool) quick: VecDeque<&'static Span>,
-    pub(in crate::pool) quick_bytes: usize,
+    /// The exact-size list (oldest first): spans in state CACHED, an owned part.
+    pub(in crate::pool) quick: QuickList<&'static Span>,
     /// Lazily committed pools: what is committed and what may be purged.
     pub(in crate::pool) lazy: Lazy,
     /// Managed stream pools: freed blocks to discard, in one batch (see `residency`).

@@ -8,6 +8,7 @@ mod commit;
 mod decay;
 mod fork_hold;
 mod idle;
+mod quick;
 mod retention;
 
 pub(crate) use batch::Batch;
@@ -16,4 +17,5 @@ pub(crate) use commit::Commit;
 pub(crate) use decay::Decay;
 pub(crate) use fork_hold::ForkHold;
 pub(crate) use idle::IdleChunks;
+pub(crate) use quick::QuickList;
 pub(crate) use retention::Retention;

@@ -84,10 +84,9 @@ impl Pool {
             self.insert_free(lg, sp);
         } else {
             sp.state.store(SPAN_CACHED, Ordering::Release);
-            lg.quick.push_back(sp);
-            lg.quick_bytes += len;
-            while lg.quick.len() > QUICK_MAX || lg.quick_bytes > QUICK_MAX_BYTES {
-                let old = lg.quick.pop_front().expect("non-empty");
+            lg.quick.push(len, sp);
+            while lg.quick.over(QUICK_MAX, QUICK_MAX_BYTES) {
+                let old = lg.quick.pop_oldest().expect("non-empty");
                 self.uncache(lg, old);
             }
         }
@@ -97,9 +96,8 @@ impl Pool {
         }
     }
 
-    /// Move a span from the exact-size list into the free set (merging it).
+    /// Move a span taken off the exact-size list into the free set (merging it).
     pub(in crate::pool) fn uncache(&'static self, lg: &mut Large, sp: &'static Span) {
-        lg.quick_bytes -= sp.len();
         sp.state.store(SPAN_FREE, Ordering::Release);
         self.insert_free(lg, sp);
     }
@@ -107,7 +105,7 @@ impl Pool {
     /// Merge every span of the exact-size list into the free set. Returns whether any was.
     pub(in crate::pool) fn flush_quick(&'static self, lg: &mut Large) -> bool {
         let any = !lg.quick.is_empty();
-        while let Some(sp) = lg.quick.pop_front() {
+        while let Some(sp) = lg.quick.pop_oldest() {
             self.uncache(lg, sp);
         }
         any

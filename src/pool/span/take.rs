@@ -211,10 +211,8 @@ impl Pool {
 
     /// Best fit for `len` bytes from this pool's free spans, out of the set.
     pub(in crate::pool) fn take_fit(&'static self, lg: &mut Large, len: usize) -> Option<Fit> {
-        if let Some(i) = lg.quick.iter().rposition(|sp| sp.len() == len) {
+        if let Some(sp) = lg.quick.take_newest_of_len(len) {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            let sp = lg.quick.remove(i).expect("index in range");
-            lg.quick_bytes -= len;
             // State FREE for `finish_take`, which cuts nothing off an exact fit.
             sp.state.store(SPAN_FREE, Ordering::Release);
             return Some(Fit::tail(sp));
