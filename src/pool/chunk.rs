@@ -28,7 +28,7 @@ impl Pool {
             .saturating_sub(self.retention.kept_slabs());
         let decay = self.decay();
         let mut now = None;
-        while lg.free_bytes + lg.quick.bytes() > budget {
+        while lg.free_bytes() > budget {
             let expired = match decay {
                 None => lg.idle.largest(),
                 Some(d) => {
@@ -52,7 +52,7 @@ impl Pool {
                 break;
             }
         }
-        self.set_over_retain(lg.free_bytes + lg.quick.bytes() > budget);
+        self.set_over_retain(lg.free_bytes() > budget);
         self.clear_decay_due();
     }
 

@@ -159,7 +159,7 @@ impl Pool {
                 if std::ptr::eq(sp.pool, self)
                     && sp.start() == start
                     && sp.state.load(Ordering::Acquire) == SPAN_FREE
-                    && lg.free.contains_key(&(sp.len(), start)) =>
+                    && lg.free.contains((sp.len(), start)) =>
             {
                 Some(sp)
             }
@@ -216,7 +216,7 @@ impl Pool {
     pub(super) fn purge(&'static self, lg: &mut Large, how: Purge) -> usize {
         let mut freed = 0;
         if matches!(how, Purge::All) {
-            let spans: Vec<&'static Span> = lg.free.values().copied().collect();
+            let spans: Vec<&'static Span> = lg.free.values().collect();
             let newest = spans
                 .iter()
                 .map(|s| s.free_epoch.load(Ordering::Relaxed))
@@ -318,7 +318,7 @@ impl Pool {
         if pick.need == Some(0) {
             return pick;
         }
-        for (_, &sp) in lg.free.range((len, 0)..).take(FIT_CANDIDATES) {
+        for sp in lg.free.fits(len).take(FIT_CANDIDATES) {
             for (head, need) in [
                 (false, tail(sp)),
                 (true, self.backing.uncommitted(sp.start(), len)),

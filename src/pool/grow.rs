@@ -136,7 +136,7 @@ impl Pool {
             return None;
         }
         match next.state.load(Ordering::Acquire) {
-            SPAN_FREE if lg.free.contains_key(&(next.len(), end)) => Some((next, next.len())),
+            SPAN_FREE if lg.free.contains((next.len(), end)) => Some((next, next.len())),
             SPAN_CACHED if lg.quick.contains_where(|q| std::ptr::eq(q, next)) => {
                 let after = end + next.len();
                 let more = match entry_at(after) {
@@ -197,7 +197,6 @@ impl Pool {
             next.start.store(end + extra, Ordering::Release);
             next.len.store(rest, Ordering::Release);
             lg.free.insert((rest, end + extra), next);
-            lg.free_bytes += rest;
             if self.lazy() {
                 self.on_span_free(lg, next);
             }
@@ -228,7 +227,7 @@ impl Pool {
                 return None;
             };
             let listed = match f.state.load(Ordering::Acquire) {
-                SPAN_FREE => lg.free.contains_key(&(f.len(), a)),
+                SPAN_FREE => lg.free.contains((f.len(), a)),
                 SPAN_CACHED => lg.quick.contains_where(|q| std::ptr::eq(q, f)),
                 _ => false,
             };

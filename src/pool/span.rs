@@ -89,12 +89,11 @@ impl Large {
     /// i.e. adjacent free and listed spans of one chunk count as one.
     pub(super) fn largest_free(&self) -> usize {
         if self.quick.is_empty() {
-            return self.free.keys().next_back().map_or(0, |k| k.0);
+            return self.free.largest_len();
         }
         let mut spans: Vec<(usize, usize, usize)> = self
             .free
             .values()
-            .copied()
             .chain(self.quick.values())
             .map(|sp| (sp.start(), sp.len(), sp.chunk_base.load(Ordering::Relaxed)))
             .collect();
@@ -115,6 +114,6 @@ impl Large {
 
     /// Free bytes in spans and the exact-size list.
     pub(super) fn free_bytes(&self) -> usize {
-        self.free_bytes + self.quick.bytes()
+        self.free.bytes() + self.quick.bytes()
     }
 }

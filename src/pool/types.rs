@@ -8,7 +8,7 @@
 //! parts that need no back-pointer own their state in `pool/parts/`.
 
 use super::class::ClassTable;
-use super::parts::{Batch, Commit, Decay, ForkHold, IdleChunks, QuickList, Retention};
+use super::parts::{Batch, Commit, Decay, ForkHold, FreeSpans, IdleChunks, QuickList, Retention};
 use super::stats::PoolStats;
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
@@ -273,9 +273,8 @@ pub(crate) struct Lazy {
 /// The large-block state of a pool (under its large lock).
 #[derive(Default)]
 pub(crate) struct Large {
-    /// Free spans by (length, start).
-    pub(in crate::pool) free: BTreeMap<(usize, usize), &'static Span>,
-    pub(in crate::pool) free_bytes: usize,
+    /// Free spans by (length, start), an owned part.
+    pub(in crate::pool) free: FreeSpans<&'static Span>,
     /// The wholly free chunks among `free` (what can go back to the backing), an owned part.
     pub(in crate::pool) idle: IdleChunks<&'static Span>,
     /// Chunks of this pool by base.

@@ -60,7 +60,6 @@ impl Pool {
         let start = sp.start();
         sp.len.store(flen - len, Ordering::Release);
         lg.free.insert((flen - len, start), sp);
-        lg.free_bytes += flen - len;
         self.carve(lg, sp, start + flen - len, len)
     }
 
@@ -102,7 +101,6 @@ impl Pool {
         sp.start.store(start + len, Ordering::Release);
         sp.len.store(flen - len, Ordering::Release);
         lg.free.insert((flen - len, start + len), sp);
-        lg.free_bytes += flen - len;
         if self.lazy() {
             self.on_span_free(lg, sp);
         }

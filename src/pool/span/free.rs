@@ -167,7 +167,6 @@ impl Pool {
         }
         let key = cur.key();
         lg.free.insert(key, cur);
-        lg.free_bytes += key.0;
         if self.lazy() {
             self.on_span_free(lg, cur);
         }
@@ -188,9 +187,7 @@ impl Pool {
     /// Take free span `sp` out of the free set (and the idle set).
     pub(in crate::pool) fn unlist_free(&self, lg: &mut Large, sp: &Span) {
         let key = sp.key();
-        if lg.free.remove(&key).is_some() {
-            lg.free_bytes -= key.0;
-        }
+        lg.free.remove(key);
         lg.idle.remove(key);
     }
 

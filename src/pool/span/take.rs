@@ -42,11 +42,7 @@ impl Pool {
         loop {
             {
                 let mut lg = lock(&self.large);
-                let idle = lg
-                    .free
-                    .range((len, 0)..=(len, usize::MAX))
-                    .map(|(_, &sp)| sp)
-                    .find(|sp| sp.is_whole_chunk());
+                let idle = lg.free.of_len(len).find(|sp| sp.is_whole_chunk());
                 if let Some(sp) = idle {
                     self.stats.hits.fetch_add(1, Ordering::Relaxed);
                     self.unlist_free(&mut lg, sp);
@@ -185,9 +181,8 @@ impl Pool {
             return best;
         }
         lg.free
-            .range((len, 0)..)
+            .fits(len)
             .take(RESIDENT_CANDIDATES)
-            .map(|(_, &sp)| sp)
             .find(|sp| sp.dirty.load(Ordering::Relaxed))
             .unwrap_or(best)
     }
@@ -217,14 +212,15 @@ impl Pool {
             sp.state.store(SPAN_FREE, Ordering::Release);
             return Some(Fit::tail(sp));
         }
-        let sp = match lg.free.range((len, 0)..).next() {
-            Some((_, &sp)) => sp,
+        let best = lg.free.fits(len).next();
+        let sp = match best {
+            Some(sp) => sp,
             None => {
                 // Merge the exact-size list and look again before mapping more memory.
                 if !self.flush_quick(lg) {
                     return None;
                 }
-                *lg.free.range((len, 0)..).next()?.1
+                lg.free.fits(len).next()?
             }
         };
         // A lazily committed pool prefers memory that needs no commit; the others memory
