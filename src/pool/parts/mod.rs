@@ -1,6 +1,8 @@
 //! The parts of a pool that own their state: each is a plain type whose fields are private to
 //! its file, which the pool holds as a field and asks through methods. They know nothing of
-//! the pool (RMM composes a pool's concerns the same way, as small adaptors).
+//! the pool (RMM composes a pool's concerns the same way, as small adaptors). The span set's
+//! parts (`free_set`, `idle`, `quick`) are generic over the span descriptor they keep, which
+//! is how they stay below the pool's data model (`types.rs`) that holds them.
 
 mod batch;
 mod clock;
