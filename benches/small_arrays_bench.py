@@ -64,7 +64,9 @@ else:
 elapsed = time.perf_counter() - t
 c = cpu() - c
 out = {"time": elapsed, "cpu": c, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-       "check": acc, "arrays": len(keep), "handler": (getattr(np, "_core", None) or np.core).multiarray.get_handler_name(a)}
+       "check": acc, "arrays": len(keep), "handler": (getattr(np, "_core", None) or np.core).multiarray.get_handler_name(a),
+       # ump-alloc's NumPy dispatch keeps the default handler's name: ask whose the memory is.
+       "ours": "ump_alloc" in sys.modules and sys.modules["ump_alloc"].handles(a)}
 if out["handler"] == "ump_alloc":
     import ump_alloc
     s = ump_alloc.stats()["host"]
@@ -84,8 +86,9 @@ def run(kind: str, keep: int, workload: str, mode: str | None = None) -> dict:
                        text=True, env=env, check=True)
     out = json.loads(r.stdout)
     want = "ump_alloc" if kind == "ump" else "default_allocator"
-    if out["handler"] != want:
-        raise SystemExit(f"the {kind} run used NumPy's {out['handler']} handler, not {want}")
+    if out["handler"] != want or out["ours"] != (kind == "ump"):
+        raise SystemExit(f"the {kind} run used NumPy's {out['handler']} handler (ump-alloc's memory: "
+                         f"{out['ours']}), not {want}")
     return out
 
 

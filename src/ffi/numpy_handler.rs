@@ -188,7 +188,7 @@ extern "C" fn dispatch_malloc(_ctx: *mut c_void, size: usize) -> *mut c_void {
     if dispatch::dispatching_now() {
         return ump_malloc(size);
     }
-    guard("ump_alloc_dispatch malloc", || {
+    guard("numpy dispatch malloc", || {
         match dispatch::fallback() {
             // SAFETY: copied from NumPy's live default handler, complete; called where NumPy calls it.
             Some(f) => unsafe { f.malloc(size) },
@@ -201,7 +201,7 @@ extern "C" fn dispatch_calloc(_ctx: *mut c_void, nelem: usize, elsize: usize) ->
     if dispatch::dispatching_now() {
         return ump_calloc(nelem, elsize);
     }
-    guard("ump_alloc_dispatch calloc", || {
+    guard("numpy dispatch calloc", || {
         match dispatch::fallback() {
             // SAFETY: as in dispatch_malloc.
             Some(f) => unsafe { f.calloc(nelem, elsize) },
@@ -217,7 +217,7 @@ extern "C" fn dispatch_realloc(_ctx: *mut c_void, ptr: *mut c_void, size: usize)
     if allocator::owns(ptr as usize) {
         return ump_realloc(ptr, size);
     }
-    guard("ump_alloc_dispatch realloc", || {
+    guard("numpy dispatch realloc", || {
         match dispatch::fallback() {
             // SAFETY: as in dispatch_malloc; a block that is not ours came from the fallback.
             Some(f) => unsafe { f.realloc(ptr, size) },
@@ -233,7 +233,7 @@ extern "C" fn dispatch_free(_ctx: *mut c_void, ptr: *mut c_void, size: usize) {
     if allocator::owns(ptr as usize) {
         return ump_free(ptr, size);
     }
-    guard("ump_alloc_dispatch free", || {
+    guard("numpy dispatch free", || {
         if let Some(f) = dispatch::fallback() {
             // SAFETY: as in dispatch_realloc.
             unsafe { f.free(ptr, size) }

@@ -86,7 +86,7 @@ pub trait Group: Send + Sync {
     /// Queue, on `stream`, a discard-and-prefetch of managed `[a, a + n)` to the device:
     /// populated there with no data moved. Ok(false) when the driver has no batch call (the
     /// pages were prefetched instead); an error says why the call failed (the pages were
-    /// prefetched too).
+    /// prefetched too). The default, for a group without managed memory, does nothing.
     ///
     /// # Safety
     /// `[a, a + n)` is memory of the caller not handed out yet.
