@@ -89,11 +89,26 @@ impl Error {
     pub fn unsupported(msg: impl Into<String>) -> Self {
         Self::new(Status::UMP_ERR_UNSUPPORTED, msg)
     }
+    /// `device` names no GPU of a machine with `count` of them.
+    pub fn no_device(device: i32, count: usize) -> Self {
+        Self::invalid(format!(
+            "no CUDA device {device} (this machine has {count})"
+        ))
+    }
     /// Prefix the message with the name of the entry point that failed.
     pub fn context(mut self, what: &str) -> Self {
         self.msg = format!("{what}: {}", self.msg);
         self
     }
+}
+
+/// The entry of `device` in a table with one entry per device, or the error that says the
+/// machine has no such device.
+pub fn device_slot<T>(slots: &[T], device: i32) -> Result<&T> {
+    usize::try_from(device)
+        .ok()
+        .and_then(|i| slots.get(i))
+        .ok_or_else(|| Error::no_device(device, slots.len()))
 }
 
 impl fmt::Display for Error {

@@ -23,9 +23,7 @@ pub fn check_device(device: i32) -> Result<()> {
     if usize::try_from(device).is_ok_and(|d| d < count.max(1)) {
         return Ok(());
     }
-    Err(Error::invalid(format!(
-        "no CUDA device {device} (this machine has {count})"
-    )))
+    Err(Error::no_device(device, count))
 }
 
 /// Whether `ptr` lies in memory this library's pools hold (a live block or not). Memory from

@@ -109,15 +109,7 @@ impl Allocator {
                 gpu.selection.device_reason
             )));
         }
-        let slot = usize::try_from(device)
-            .ok()
-            .and_then(|i| slots.get(i))
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "no CUDA device {device} (this machine has {})",
-                    slots.len()
-                ))
-            })?;
+        let slot = crate::error::device_slot(slots, device)?;
         if let Some(p) = slot.get() {
             return Ok(p);
         }

@@ -235,15 +235,7 @@ static CONTEXTS: OnceLock<Vec<OnceLock<usize>>> = OnceLock::new();
 
 fn primary_context(d: &Driver, device: i32) -> Result<CUcontext> {
     let slots = CONTEXTS.get_or_init(|| (0..device_count(d)).map(|_| OnceLock::new()).collect());
-    let slot = usize::try_from(device)
-        .ok()
-        .and_then(|i| slots.get(i))
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "no CUDA device {device} (this machine has {})",
-                slots.len()
-            ))
-        })?;
+    let slot = crate::error::device_slot(slots, device)?;
     if let Some(&c) = slot.get() {
         return Ok(c as CUcontext);
     }
