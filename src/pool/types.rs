@@ -325,15 +325,19 @@ impl Large {
         &mut self,
         still: impl Fn(u64) -> bool,
     ) -> Vec<&'static Span> {
-        if self.held.is_empty() {
-            return Vec::new();
-        }
-        let (keep, go) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|sp| still(sp.born.load(Ordering::Relaxed)));
-        self.held = keep;
-        go
+        take_unheld(&mut self.held, |sp| still(sp.born.load(Ordering::Relaxed)))
     }
+}
+
+/// The blocks of a held list (spans or slots) that `still_held` no longer holds, taken off it,
+/// in their order; the rest stay, in theirs.
+fn take_unheld<T>(held: &mut Vec<T>, still_held: impl Fn(&T) -> bool) -> Vec<T> {
+    if held.is_empty() {
+        return Vec::new();
+    }
+    let (keep, go) = std::mem::take(held).into_iter().partition(still_held);
+    *held = keep;
+    go
 }
 
 // ---- slabs and size classes ----------------------------------------------------------------
@@ -421,14 +425,9 @@ impl ClassState {
     /// The held slots that `still` no longer holds (by their slab's generation), taken off the
     /// held list; they are still out of their slabs.
     pub(in crate::pool) fn take_unheld(&mut self, still: impl Fn(u64) -> bool) -> Vec<Slot> {
-        if self.held.is_empty() {
-            return Vec::new();
-        }
-        let (keep, go) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|(s, _)| still(s.born.load(Ordering::Relaxed)));
-        self.held = keep;
-        go
+        take_unheld(&mut self.held, |(s, _)| {
+            still(s.born.load(Ordering::Relaxed))
+        })
     }
 
     /// Free slots held by the class (not counting thread caches).
