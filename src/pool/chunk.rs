@@ -158,7 +158,7 @@ impl Pool {
             .remove(&start)
             .unwrap_or(Chunk::mapped(start, len, len));
         if self.lazy() {
-            lg.lazy.committed -= self.backing.physical(&chunk);
+            lg.lazy.on_decommit(self.backing.physical(&chunk));
         }
         chunk
     }
@@ -167,7 +167,7 @@ impl Pool {
     /// or not, come with it).
     pub(super) fn attach_chunk(&'static self, lg: &mut Large, chunk: Chunk) {
         if self.lazy() {
-            lg.lazy.committed += self.backing.physical(&chunk);
+            lg.lazy.on_commit(self.backing.physical(&chunk));
         }
         lg.chunks.insert(chunk.base, chunk);
     }
@@ -264,7 +264,7 @@ impl Pool {
     /// pool, the chunks otherwise.
     pub(super) fn mapped_of(&self, lg: &Large) -> usize {
         if self.lazy() {
-            lg.lazy.committed
+            lg.lazy.committed()
         } else {
             lg.chunk_bytes()
         }

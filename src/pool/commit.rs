@@ -25,11 +25,10 @@
 //! stream-ordered (host memory, or no CUDA driver) need no fence.
 
 use super::entry::{Entry, entry_at};
-use super::parts::epoch_ms;
+use super::parts::{Ask, FreeSpans, epoch_ms};
 use super::types::{Fit, Large, Pool, SPAN_FREE, Span};
 use crate::error::{Error, Result};
 use crate::prim::fork::lock;
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -114,7 +113,7 @@ impl Pool {
                     self.stats.on_unmap(need);
                     self.stats.on_map(n);
                 }
-                lg.lazy.committed += n;
+                lg.lazy.on_commit(n);
                 Ok(true)
             }
             Err(e) => {
@@ -131,35 +130,19 @@ impl Pool {
     /// A span went into the free set (merged with its neighbours, its epoch the newest of
     /// theirs): queue it for purging.
     pub(super) fn on_span_free(&self, lg: &mut Large, sp: &Span) {
-        lg.lazy.queue.push_back(sp.start());
-        if lg.lazy.queue.len() > 4 * lg.free.len() + 64 {
-            // Mostly stale entries: keep the newest per free span.
-            let mut seen = std::collections::HashSet::new();
-            let mut kept: VecDeque<usize> = VecDeque::new();
-            for &s in lg.lazy.queue.iter().rev() {
-                if self.free_span_at(lg, s).is_some() && seen.insert(s) {
-                    kept.push_front(s);
-                }
-            }
-            lg.lazy.queue = kept;
-        }
-    }
-
-    /// `len` more bytes are handed out (a span, committed): the window's peak follows.
-    pub(super) fn on_span_used(&self, lg: &mut Large, len: usize) {
-        let z = &mut lg.lazy;
-        z.used += len;
-        z.window_peak = z.window_peak.max(z.used);
+        let Large { lazy, free, .. } = lg;
+        let free_spans = free.len();
+        lazy.queue(sp.start(), free_spans, |s| self.is_free_span(free, s));
     }
 
     /// The span of this pool's free set starting at `start`, if there is one.
-    fn free_span_at(&self, lg: &Large, start: usize) -> Option<&'static Span> {
+    fn free_span_at(&self, free: &FreeSpans<&'static Span>, start: usize) -> Option<&'static Span> {
         match entry_at(start)? {
             Entry::Span(sp)
                 if std::ptr::eq(sp.pool, self)
                     && sp.start() == start
                     && sp.state.load(Ordering::Acquire) == SPAN_FREE
-                    && lg.free.contains((sp.len(), start)) =>
+                    && free.contains((sp.len(), start)) =>
             {
                 Some(sp)
             }
@@ -167,49 +150,28 @@ impl Pool {
         }
     }
 
-    /// Whether spans freed in `epoch` are over on the device; with `fence`, close the current
-    /// epoch with an event on the stream if it is the one asked about.
-    fn epoch_safe(&self, lg: &mut Large, epoch: u64, wait: bool) -> bool {
+    fn is_free_span(&self, free: &FreeSpans<&'static Span>, start: usize) -> bool {
+        self.free_span_at(free, start).is_some()
+    }
+
+    /// Whether spans freed in `epoch` are over on the device. Asked about the current epoch,
+    /// the books close it with a fence on the pool's stream (a device sync where the stream
+    /// takes none); a retired stream's spans wait for its retire fence instead.
+    fn epoch_safe(&self, lg: &mut Large, epoch: u64, ask: Ask) -> bool {
         if !self.ordered() {
             return true;
         }
         if self.is_retired() {
             return match lock(&self.retire_event).as_ref() {
                 None => true,
-                Some(fence) if wait => fence.wait(),
+                Some(fence) if ask == Ask::Wait => fence.wait(),
                 Some(fence) => matches!(fence.done(), Ok(true)),
             };
         }
-        let z = &mut lg.lazy;
-        if epoch < z.safe {
+        let Some(g) = self.group else {
             return true;
-        }
-        if epoch == z.epoch
-            && let Some(g) = self.group
-        {
-            match g.fence(self.stream()) {
-                Some(fence) => z.fences.push_back((z.epoch, fence)),
-                None => {
-                    // No fence on this stream: the device was synchronised, once.
-                    z.fences.clear();
-                    z.safe = z.epoch + 1;
-                }
-            }
-            z.epoch += 1;
-        }
-        while let Some((e, fence)) = z.fences.front() {
-            let done = if wait {
-                fence.wait()
-            } else {
-                matches!(fence.done(), Ok(true))
-            };
-            if !done {
-                break;
-            }
-            z.safe = e + 1;
-            z.fences.pop_front();
-        }
-        epoch < z.safe
+        };
+        lg.lazy.epoch_over(epoch, ask, || g.fence(self.stream()))
     }
 
     /// Purge free spans (see the module docs). Returns the bytes given back.
@@ -221,40 +183,42 @@ impl Pool {
                 .iter()
                 .map(|s| s.free_epoch.load(Ordering::Relaxed))
                 .max();
-            if newest.is_some_and(|e| !self.epoch_safe(lg, e, true)) {
+            if newest.is_some_and(|e| !self.epoch_safe(lg, e, Ask::Wait)) {
                 return 0;
             }
             for sp in spans {
                 freed += self.decommit_span(lg, sp);
             }
-            lg.lazy.queue.clear();
+            lg.lazy.clear_queue();
             return freed;
         }
         let keep = match how {
             Purge::Decay => {
-                let z = &lg.lazy;
-                let peak = z.window_peak.max(z.last_window_peak);
+                let peak = lg.lazy.recent_peak();
                 peak + slack(peak)
             }
             _ => 0,
         };
         // One pass over the queue, oldest first; spans whose epoch is not over yet wait at
         // the back.
-        let mut left = lg.lazy.queue.len();
+        let mut left = lg.lazy.queued();
         while left > 0
-            && let Some(start) = lg.lazy.queue.pop_front()
+            && let Some(start) = lg.lazy.next_queued()
         {
             left -= 1;
-            if matches!(how, Purge::Decay) && lg.lazy.committed <= keep {
-                lg.lazy.queue.push_front(start);
+            if matches!(how, Purge::Decay) && lg.lazy.committed() <= keep {
+                lg.lazy.requeue_first(start);
                 break;
             }
-            let Some(sp) = self.free_span_at(lg, start) else {
+            let Some(sp) = self.free_span_at(&lg.free, start) else {
                 continue;
             };
-            let wait = matches!(how, Purge::Need(_, true));
-            if !self.epoch_safe(lg, sp.free_epoch.load(Ordering::Relaxed), wait) {
-                lg.lazy.queue.push_back(start);
+            let ask = match how {
+                Purge::Need(_, true) => Ask::Wait,
+                _ => Ask::Query,
+            };
+            if !self.epoch_safe(lg, sp.free_epoch.load(Ordering::Relaxed), ask) {
+                lg.lazy.requeue_last(start);
                 continue;
             }
             freed += self.decommit_span(lg, sp);
@@ -273,7 +237,7 @@ impl Pool {
         // device (checked by the callers).
         let n = unsafe { self.backing.decommit(sp.start(), sp.len()) };
         if n > 0 {
-            lg.lazy.committed -= n;
+            lg.lazy.on_decommit(n);
             self.stats.on_unmap(n);
             self.retention.note_unmapped(n);
         }
@@ -286,22 +250,9 @@ impl Pool {
         if !self.commit.purge_due(ms, PURGE_TICK_MS) {
             return;
         }
-        let z = &mut lg.lazy;
-        if z.window_start == 0 {
-            z.window_start = ms;
+        if lg.lazy.window_over(ms, WINDOW_MS) {
+            self.purge(lg, Purge::Decay);
         }
-        if ms < z.window_start + WINDOW_MS {
-            return;
-        }
-        // A window with no tick saw no span handed out or freed: its peak is `used`.
-        z.last_window_peak = if ms >= z.window_start + 2 * WINDOW_MS {
-            z.used
-        } else {
-            z.window_peak
-        };
-        z.window_peak = z.used;
-        z.window_start = ms;
-        self.purge(lg, Purge::Decay);
     }
 
     /// Where to cut `len` bytes for a block: `best` (the best fit) if its tail is committed,

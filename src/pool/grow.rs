@@ -91,7 +91,7 @@ impl Pool {
         let tail = self.carve(lg, sp, sp.start() + len, old - len);
         tail.dirty.store(true, Ordering::Relaxed);
         if self.lazy() {
-            lg.lazy.used -= old - len;
+            lg.lazy.on_unuse(old - len);
         }
         self.insert_free(lg, tail);
     }
@@ -185,7 +185,7 @@ impl Pool {
                 self.insert_free(lg, next);
                 return false;
             }
-            self.on_span_used(lg, extra);
+            lg.lazy.on_use(extra);
         }
         let rest = next.len() - extra;
         registry::set_range(end, extra, sp as *const Span as usize | TAG_SPAN);

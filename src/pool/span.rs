@@ -15,7 +15,7 @@ mod cut;
 mod free;
 mod take;
 
-use super::types::{BlockInfo, Fit, Large, Lazy, SPAN_USED, Span};
+use super::types::{BlockInfo, Fit, Large, SPAN_USED, Span};
 use std::sync::atomic::Ordering;
 
 impl Span {
@@ -66,13 +66,6 @@ impl Fit {
     }
 }
 
-impl Lazy {
-    /// The epoch frees are stamped with now.
-    pub(super) fn epoch(&self) -> u64 {
-        self.epoch
-    }
-}
-
 impl Large {
     /// Bytes of the chunks this pool holds (address space, for a lazily committed pool).
     pub(super) fn chunk_bytes(&self) -> usize {
@@ -81,7 +74,7 @@ impl Large {
 
     /// Free committed bytes of a lazily committed pool (free spans, the exact-size list).
     pub(super) fn free_committed(&self) -> usize {
-        self.lazy.committed.saturating_sub(self.lazy.used)
+        self.lazy.free_committed()
     }
 
     /// The largest block that fits without mapping more: the largest free span once the

@@ -1,19 +1,22 @@
 //! The pool's data model, in one file as mimalloc keeps its `types.h`: the pool itself, the
 //! descriptors the registry points to (a [`Span`], a [`Slab`]: each points back to its pool),
 //! the books under the pool's locks ([`Large`], [`ClassState`]), and what a pool asks of the
-//! layer above it ([`Group`], [`Fence`]). The data is recursive (a pool holds the books that
+//! layer above it ([`Group`]; the [`Fence`]s it returns are the parts' vocabulary). The data is recursive (a pool holds the books that
 //! hold its descriptors, which point back to it), so it is defined here together; what is done
 //! with it is in the files of `pool/` above this one. State that only its own methods may touch
 //! stays private here (a class's slab lists, the span set's held list and idle fences); the
 //! parts that need no back-pointer own their state in `pool/parts/`.
 
 use super::class::ClassTable;
-use super::parts::{Batch, Commit, Decay, ForkHold, FreeSpans, IdleChunks, QuickList, Retention};
+pub use super::parts::Fence;
+use super::parts::{
+    Batch, Commit, Decay, ForkHold, FreeSpans, IdleChunks, Lazy, QuickList, Retention,
+};
 use super::stats::PoolStats;
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
 use crate::prim::fork::lock;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -23,20 +26,6 @@ pub(crate) const MAX_REQUEST: usize = isize::MAX as usize / 2;
 pub(in crate::pool) const TAG_SPAN: usize = 1;
 pub(in crate::pool) const TAG_SLAB: usize = 2;
 pub(in crate::pool) const TAG_MASK: usize = 3;
-
-/// A point in a stream's queued work, recorded by the stream layer (an event): once it is
-/// reached, the work queued before it is over. The pool keeps fences and asks about them; it
-/// never makes one itself, so every CUDA call of stream ordering stays in `stream/`.
-pub trait Fence: Send + Sync {
-    /// Whether the work queued before the fence is over (never blocks).
-    fn done(&self) -> Result<bool>;
-    /// Wait on the host until it is over; when the fence cannot be waited for, wait for the
-    /// whole device instead. False only when neither could be waited for.
-    fn wait(&self) -> bool;
-    /// Make `stream` wait for the fence on the device (the host does not block). False when
-    /// the driver refuses.
-    fn wait_on(&self, stream: usize) -> bool;
-}
 
 /// What a stream-ordered pool needs from the set of pools of its device and from its stream
 /// (implemented one layer up, by `stream::StreamPools`), so that dependencies point down.
@@ -247,29 +236,6 @@ pub(in crate::pool) struct Fit {
     pub(in crate::pool) need: Option<usize>,
 }
 
-/// The books of a lazily committed pool (under its large lock), kept by `commit`.
-#[derive(Default)]
-pub(crate) struct Lazy {
-    /// Bytes committed in this pool's chunks.
-    pub(in crate::pool) committed: usize,
-    /// Bytes of spans handed out or cut into slabs (all committed).
-    pub(in crate::pool) used: usize,
-    /// The current epoch: spans freed now are stamped with it.
-    pub(in crate::pool) epoch: u64,
-    /// Fences recorded on the pool's stream, oldest first: (epoch closed, event).
-    pub(in crate::pool) fences: VecDeque<(u64, Box<dyn Fence>)>,
-    /// Every epoch below this is over on the device.
-    pub(in crate::pool) safe: u64,
-    /// Free spans that may hold committed pages, oldest first, by start. Entries go stale
-    /// when spans merge or are reused; they are checked when read.
-    pub(in crate::pool) queue: VecDeque<usize>,
-    /// Most bytes of `used` in the current window and in the one before.
-    pub(in crate::pool) window_peak: usize,
-    pub(in crate::pool) last_window_peak: usize,
-    /// When the current window began (`epoch_ms`; 0: not yet).
-    pub(in crate::pool) window_start: u64,
-}
-
 /// The large-block state of a pool (under its large lock).
 #[derive(Default)]
 pub(crate) struct Large {
@@ -286,7 +252,7 @@ pub(crate) struct Large {
     events: Vec<(usize, Box<dyn Fence>)>,
     /// The exact-size list (oldest first): spans in state CACHED, an owned part.
     pub(in crate::pool) quick: QuickList<&'static Span>,
-    /// Lazily committed pools: what is committed and what may be purged.
+    /// Lazily committed pools: what is committed and what may be purged, an owned part.
     pub(in crate::pool) lazy: Lazy,
     /// Managed stream pools: freed blocks to discard, in one batch (see `residency`).
     pub(in crate::pool) discards: Batch,

@@ -67,7 +67,7 @@ impl Pool {
         let len = sp.len();
         self.discard_on_free(lg, sp);
         if self.lazy() {
-            lg.lazy.used -= len;
+            lg.lazy.on_unuse(len);
             sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
         }
         if sp.is_whole_chunk()
@@ -119,7 +119,7 @@ impl Pool {
         registry::set_range(sp.start(), sp.len(), sp as *const Span as usize | TAG_SPAN);
         sp.state.store(SPAN_FREE, Ordering::Release);
         if self.lazy() {
-            lg.lazy.used -= sp.len();
+            lg.lazy.on_unuse(sp.len());
             sp.free_epoch.store(lg.lazy.epoch(), Ordering::Relaxed);
         }
         self.insert_free(&mut lg, sp);

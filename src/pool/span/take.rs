@@ -278,7 +278,7 @@ impl Pool {
                     return Err(e);
                 }
             }
-            self.on_span_used(lg, len);
+            lg.lazy.on_use(len);
         }
         self.residency_on_take(lg, taken);
         taken.req.store(req, Ordering::Relaxed);
