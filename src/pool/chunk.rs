@@ -114,7 +114,7 @@ impl Pool {
                 )));
             }
             self.stats.on_reserve(chunk.raw_size);
-            lg.chunks.insert(chunk.base, chunk);
+            lg.chunks.insert(chunk);
             return Ok(chunk);
         }
         Err(last.unwrap_or_else(|| Error::oom("out of memory")))
@@ -155,7 +155,7 @@ impl Pool {
         lg.spare.push(sp);
         let chunk = lg
             .chunks
-            .remove(&start)
+            .remove(start)
             .unwrap_or(Chunk::mapped(start, len, len));
         if self.lazy() {
             lg.lazy.on_decommit(self.backing.physical(&chunk));
@@ -169,7 +169,7 @@ impl Pool {
         if self.lazy() {
             lg.lazy.on_commit(self.backing.physical(&chunk));
         }
-        lg.chunks.insert(chunk.base, chunk);
+        lg.chunks.insert(chunk);
     }
 
     /// Give wholly free chunk `sp` back to the backing, after the work queued on this pool's

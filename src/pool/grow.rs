@@ -100,7 +100,7 @@ impl Pool {
     /// to the backing (plain host memory: glibc's realloc does the same). Returns whether it
     /// did.
     fn shrink_chunk(&'static self, lg: &mut Large, sp: &'static Span, len: usize) -> bool {
-        let Some(&old) = lg.chunks.get(&sp.start()) else {
+        let Some(old) = lg.chunks.get(sp.start()) else {
             return false;
         };
         let mut book = Book { sp, rest: &[] };
@@ -110,7 +110,8 @@ impl Pool {
         let Some(new) = (unsafe { self.backing.shrink(&old, len, &mut book) }) else {
             return false;
         };
-        lg.chunks.insert(new.base, new);
+        debug_assert_eq!(new.base, old.base, "a chunk shrinks in place");
+        lg.chunks.insert(new);
         self.stats.on_unmap(old.size - new.size);
         self.stats.on_reserve(new.raw_size);
         self.stats.on_unreserve(old.raw_size);
@@ -270,7 +271,7 @@ impl Pool {
         rest: &[&'static Span],
         len: usize,
     ) -> Option<usize> {
-        let old = *lg.chunks.get(&sp.start())?;
+        let old = lg.chunks.get(sp.start())?;
         let mut sizes = vec![len];
         if self.kind == Kind::UMP_KIND_REGISTERED {
             let step = (old.size + old.size / PINNED_GROWTH).next_multiple_of(GRANULE);
@@ -303,8 +304,8 @@ impl Pool {
             self.take_rest(lg, sp, rest);
             self.stats.on_reserve(new.raw_size);
             self.stats.on_unreserve(old.raw_size);
-            lg.chunks.remove(&old.base);
-            lg.chunks.insert(new.base, new);
+            lg.chunks.remove(old.base);
+            lg.chunks.insert(new);
             registry::set_range(new.base, new.size, sp as *const Span as usize | TAG_SPAN);
             sp.start.store(new.base, Ordering::Release);
             sp.len.store(new.size, Ordering::Release);

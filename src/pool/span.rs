@@ -69,7 +69,7 @@ impl Fit {
 impl Large {
     /// Bytes of the chunks this pool holds (address space, for a lazily committed pool).
     pub(super) fn chunk_bytes(&self) -> usize {
-        self.chunks.values().map(|c| c.size).sum()
+        self.chunks.bytes()
     }
 
     /// Free committed bytes of a lazily committed pool (free spans, the exact-size list).

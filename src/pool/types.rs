@@ -10,13 +10,12 @@
 use super::class::ClassTable;
 pub use super::parts::Fence;
 use super::parts::{
-    Batch, Commit, Decay, ForkHold, FreeSpans, IdleChunks, Lazy, QuickList, Retention,
+    Batch, Chunks, Commit, Decay, ForkHold, FreeSpans, IdleChunks, Lazy, QuickList, Retention,
 };
 use super::stats::PoolStats;
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
 use crate::prim::fork::lock;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -243,8 +242,8 @@ pub(crate) struct Large {
     pub(in crate::pool) free: FreeSpans<&'static Span>,
     /// The wholly free chunks among `free` (what can go back to the backing), an owned part.
     pub(in crate::pool) idle: IdleChunks<&'static Span>,
-    /// Chunks of this pool by base.
-    pub(in crate::pool) chunks: BTreeMap<usize, Chunk>,
+    /// Chunks of this pool by base, an owned part.
+    pub(in crate::pool) chunks: Chunks,
     pub(in crate::pool) spare: Vec<&'static Span>,
     /// Stream-ordered pools only: for each wholly free chunk (by base), the event recorded on
     /// the pool's stream when it fell idle. Another stream may use the chunk once it waits

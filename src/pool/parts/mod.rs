@@ -5,6 +5,7 @@
 //! is how they stay below the pool's data model (`types.rs`) that holds them.
 
 mod batch;
+mod chunks;
 mod clock;
 mod commit;
 mod decay;
@@ -17,6 +18,7 @@ mod quick;
 mod retention;
 
 pub(crate) use batch::Batch;
+pub(crate) use chunks::Chunks;
 pub(crate) use clock::epoch_ms;
 pub(crate) use commit::Commit;
 pub(crate) use decay::Decay;

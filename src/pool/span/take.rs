@@ -294,10 +294,7 @@ impl Pool {
         // chunk the first time such a block lands in it, so reuse costs no system call.
         if state == SPAN_USED && len >= HUGEPAGE_MIN {
             let base = taken.chunk_base.load(Ordering::Relaxed);
-            if let Some(c) = lg.chunks.get_mut(&base)
-                && !c.advised
-            {
-                c.advised = true;
+            if let Some(c) = lg.chunks.first_advice(base) {
                 self.backing.advise_block(c.base, c.size);
             }
         }
