@@ -77,25 +77,20 @@ impl Pool {
             if last.is_some() && size == want {
                 continue;
             }
-            let limit = self.limit();
             // A lazily committed chunk is address space: its pages count when committed.
-            let charge = if self.lazy() { 0 } else { size };
-            if charge > 0 && !self.stats.reserve_mapped(charge, limit.map(|l| l.0)) {
-                let mapped = self.stats.mapped.load(Ordering::Relaxed);
-                let (bytes, source) = limit.unwrap_or((0, "the limit"));
-                last = Some(Error::limit(format!(
-                    "{source} of {bytes} bytes reached ({mapped} mapped, {need} more needed)"
-                )));
-                continue;
-            }
+            let charge = match self.charge(if self.lazy() { 0 } else { size }, need) {
+                Ok(c) => c,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
             let chunk = match self.backing.map(size) {
                 Ok(c) => c,
                 Err(e) if e.status == crate::error::Status::UMP_ERR_UNSUPPORTED => {
-                    self.stats.on_unmap(charge);
                     return Err(e);
                 }
                 Err(e) => {
-                    self.stats.on_unmap(charge);
                     last = Some(Error::oom(format!(
                         "cannot get {size} bytes of {} memory: {}",
                         self.kind().name(),
@@ -107,12 +102,12 @@ impl Pool {
             if !registry::reserve(chunk.base, chunk.size) {
                 // SAFETY: just mapped, never handed out or registered.
                 unsafe { self.backing.unmap(&chunk) };
-                self.stats.on_unmap(charge);
                 return Err(Error::oom(format!(
                     "no memory for the registry entries of a {size}-byte chunk at {:#x}",
                     chunk.base
                 )));
             }
+            charge.keep();
             self.stats.on_reserve(chunk.raw_size);
             lg.chunks.insert(chunk);
             return Ok(chunk);

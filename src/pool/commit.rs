@@ -98,26 +98,16 @@ impl Pool {
         if over(self) > soft + slack(peak) {
             self.purge(lg, Purge::Need(over(self) - soft, true));
         }
-        let limit = self.limit();
-        if !self.stats.reserve_mapped(need, limit.map(|l| l.0)) {
-            let mapped = self.stats.mapped.load(Ordering::Relaxed);
-            let (bytes, source) = limit.unwrap_or((0, "the limit"));
-            return Err(Error::limit(format!(
-                "{source} of {bytes} bytes reached ({mapped} mapped, {need} more needed)"
-            )));
-        }
+        let charge = self.charge(need, need)?;
         match self.backing.commit(start, len) {
             Ok(n) => {
                 // `n == need`: the pool's lock keeps others off its chunks.
-                if n != need {
-                    self.stats.on_unmap(need);
-                    self.stats.on_map(n);
-                }
+                charge.keep_as(n);
                 lg.lazy.on_commit(n);
                 Ok(true)
             }
             Err(e) => {
-                self.stats.on_unmap(need);
+                drop(charge);
                 Err(Error::oom(format!(
                     "cannot commit {need} bytes of {} memory: {}",
                     self.kind().name(),

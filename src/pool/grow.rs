@@ -281,24 +281,22 @@ impl Pool {
         }
         for size in sizes {
             let delta = size - old.size;
-            if !self.stats.reserve_mapped(delta, self.limit().map(|l| l.0)) {
+            let Ok(charge) = self.charge(delta, delta) else {
                 continue;
-            }
+            };
             let mut book = Book { sp, rest };
             // SAFETY: the chunk is this pool's and holds `sp` (whose owner is inside realloc)
             // and free spans; the registry follows through `book`.
             let new = match unsafe { self.backing.grow(&old, size, &mut book) } {
                 Growth::Grown(new) => new,
-                Growth::Refused => {
-                    self.stats.on_unmap(delta);
-                    continue;
-                }
+                Growth::Refused => continue,
                 Growth::Degraded => {
-                    self.stats.on_unmap(delta);
+                    drop(charge);
                     self.doom(lg, sp, rest);
                     return None;
                 }
             };
+            charge.keep();
             // The free spans after `sp` are part of the block now (or gone with the old range).
             self.residency_on_grow(lg, old.base, old.base + old.size);
             self.take_rest(lg, sp, rest);

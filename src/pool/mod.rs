@@ -64,7 +64,7 @@ pub(crate) use tcache::{
     fork_child as tcache_fork_child, fork_parent as tcache_fork_parent,
     fork_prepare as tcache_fork_prepare, register_membarrier_if_alone,
 };
-pub use types::{Alloc, BlockInfo, Fence, Group, Pool, PoolReport};
+pub use types::{Alloc, BlockInfo, Fence, Group, Limit, Pool, PoolReport};
 
 /// The host side's small-block fast path: `n` bytes (counted in use) from this thread's cache
 /// of the host side's primary pool, if it holds a slot of `n`'s class; None sends the caller

@@ -2,17 +2,28 @@
 //! memory that pins chunks past it, `trim`, and what an out-of-memory retry gives back first
 //! (with the pool it shares its counters and limit with).
 
-use super::types::Pool;
+use super::parts::Charge;
+use super::types::{Limit, Pool};
 use super::{commit, tcache};
+use crate::error::Result;
 use crate::prim::fork::lock;
 
 impl Pool {
     /// The limit on this pool's mapped bytes (its group's, for a stream pool), and what set it.
-    pub(crate) fn limit(&self) -> Option<(usize, &'static str)> {
+    pub(crate) fn limit(&self) -> Option<Limit> {
         match self.group {
             Some(g) => g.limit(),
-            None => self.limit.map(|l| (l, "UMP_ALLOC_LIMIT")),
+            None => self.limit.map(|bytes| Limit {
+                bytes,
+                source: "UMP_ALLOC_LIMIT",
+            }),
         }
+    }
+
+    /// Count `n` bytes about to be mapped against the limit in force (`need`: what the
+    /// caller needs at least, for the error).
+    pub(super) fn charge(&self, n: usize, need: usize) -> Result<Charge<'_>> {
+        Charge::new(self.stats, n, self.limit(), need)
     }
 
     /// Keep wholly free chunks above `retain` for `decay` before they go back (pinned memory:

@@ -8,10 +8,10 @@
 //! parts that need no back-pointer own their state in `pool/parts/`.
 
 use super::class::ClassTable;
-pub use super::parts::Fence;
 use super::parts::{
     Batch, Chunks, Commit, Decay, ForkHold, FreeSpans, IdleChunks, Lazy, QuickList, Retention,
 };
+pub use super::parts::{Fence, Limit};
 use super::stats::PoolStats;
 use crate::backing::{Backing, Chunk, Kind};
 use crate::error::{Error, Result};
@@ -48,7 +48,7 @@ pub trait Group: Send + Sync {
     fn release_idle(&self) -> usize;
     /// The device's limit on mapped bytes now (it may change: PyTorch's memory fraction), and
     /// what set it, for messages.
-    fn limit(&self) -> Option<(usize, &'static str)>;
+    fn limit(&self) -> Option<Limit>;
     /// Take a wholly free chunk of a retired stream's pool, ordered by `fence` (the retire
     /// event), to lend to other streams or give back.
     fn adopt(&self, chunk: Chunk, fence: Option<Arc<dyn Fence>>);

@@ -40,7 +40,7 @@
 use crate::backing::{Backing, Chunk};
 use crate::error::Result;
 use crate::pool::PoolStats;
-use crate::pool::{Fence, Group, Pool};
+use crate::pool::{Fence, Group, Limit, Pool};
 use crate::prim::fork::lock;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -457,7 +457,7 @@ impl Group for StreamPools {
 
     /// Under the limit, give back idle memory of every stream so that `want` more bytes fit.
     fn make_room(&self, want: usize, need: usize) {
-        let Some((limit, _)) = Group::limit(self) else {
+        let Some(Limit { bytes: limit, .. }) = Group::limit(self) else {
             return;
         };
         let mapped = self.stats.mapped.load(Ordering::Relaxed);
@@ -471,12 +471,18 @@ impl Group for StreamPools {
         self.trim()
     }
 
-    fn limit(&self) -> Option<(usize, &'static str)> {
+    fn limit(&self) -> Option<Limit> {
         let runtime = self.fraction_limit.load(Ordering::Relaxed);
         match (self.limit, runtime) {
-            (Some(l), r) if r == 0 || l <= r => Some((l, "UMP_ALLOC_LIMIT")),
+            (Some(bytes), r) if r == 0 || bytes <= r => Some(Limit {
+                bytes,
+                source: "UMP_ALLOC_LIMIT",
+            }),
             (_, 0) => None,
-            (_, r) => Some((r, "the device's memory fraction limit")),
+            (_, bytes) => Some(Limit {
+                bytes,
+                source: "the device's memory fraction limit",
+            }),
         }
     }
 

@@ -14,6 +14,7 @@ mod fork_hold;
 mod free_set;
 mod idle;
 mod lazy;
+mod limit;
 mod quick;
 mod retention;
 
@@ -27,5 +28,7 @@ pub(crate) use fork_hold::ForkHold;
 pub(crate) use free_set::FreeSpans;
 pub(crate) use idle::IdleChunks;
 pub(crate) use lazy::{Ask, Lazy};
+pub(crate) use limit::Charge;
+pub use limit::Limit;
 pub(crate) use quick::QuickList;
 pub(crate) use retention::Retention;
