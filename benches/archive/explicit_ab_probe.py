@@ -1,0 +1,96 @@
+"""Issue 35's CuPy pipeline, explicit and unchanged iterations alternating in one process.
+
+The cross-process rounds of ``explicit_phases_probe.py`` put each program in its own
+interpreter, and the interpreters drift by more than the two programs differ (the unchanged
+program alone moved from 84.7 to 75.4 ms/iteration across rounds). Here one interpreter under
+``UMP_ALLOC=1`` runs the pipeline (256 MiB float32: NumPy ``h = src * 1.5``; to the GPU; three
+elementwise kernels; back to NumPy; the host reads ``r[::1024].sum()`` and ``r.max()``) with
+the two programs' transfer calls in alternating order (ABBA pairs), each iteration timed
+whole with the device synchronised at its end. It prints the medians, the ratio of medians and
+the median of the pair ratios (explicit over unchanged: below 1.0, explicit is faster). It
+runs itself under ``UMP_ALLOC=1``.
+
+    python benches/archive/explicit_ab_probe.py [--mib 256] [--pairs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--pairs", type=int, default=20)
+    args = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
+    from _benchutil import gpu_or_skip, ump_env
+
+    gpu_or_skip("cupy")
+    if os.environ.get("UMP_ALLOC") != "1":
+        # Both programs run under ump-alloc: run again, switched on from the start.
+        import subprocess
+
+        env = ump_env({"UMP_ALLOC": "1"})
+        sys.exit(subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode)
+    import cupy as cp
+    import numpy as np
+
+    import ump_alloc
+
+    assert ump_alloc.is_enabled(), "UMP_ALLOC=1 did not switch ump-alloc on"
+    n = args.mib * 2**20 // 4
+    src = np.random.default_rng(0).random(n, dtype=np.float32)
+    sync = cp.cuda.Device().synchronize
+    programs = {
+        "unchanged": (cp.asarray, cp.asnumpy),
+        "explicit": (lambda h: ump_alloc.asarray(h, like="cupy"), ump_alloc.asnumpy),
+    }
+
+    def step(name: str) -> tuple[float, float]:
+        to_gpu, to_host = programs[name]
+        t = time.perf_counter()
+        h = src * 1.5
+        g = to_gpu(h)
+        g = cp.sqrt(g)
+        g *= 3.0
+        g += 1.0
+        r = to_host(g)
+        v = float(r[::1024].sum()) + float(r.max())
+        sync()
+        return time.perf_counter() - t, v
+
+    # Warm both (kernels compiled, pools filled), and check they compute the same.
+    ref = [step(p)[1] for p in programs for _ in range(2)]
+    assert max(ref) - min(ref) <= 1e-3 * abs(ref[0]), ref
+    times: dict[str, list[float]] = {p: [] for p in programs}
+    pairs = []
+    for i in range(args.pairs):
+        order = ("unchanged", "explicit") if i % 2 == 0 else ("explicit", "unchanged")
+        got = {p: step(p)[0] for p in order}
+        for p, s in got.items():
+            times[p].append(s)
+        pairs.append(got["explicit"] / got["unchanged"])
+
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    out = {
+        "mib": args.mib,
+        "pairs": args.pairs,
+        "unchanged_ms": round(med(times["unchanged"]) * 1e3, 2),
+        "explicit_ms": round(med(times["explicit"]) * 1e3, 2),
+        "ratio_of_medians": round(med(times["explicit"]) / med(times["unchanged"]), 4),
+        "median_pair_ratio": round(med(pairs), 4),
+        "pair_ratio_range": [round(min(pairs), 3), round(max(pairs), 3)],
+        "kinds": {"h": ump_alloc.identify(src * 1.5).kind},
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
