@@ -7,8 +7,9 @@ program alone moved from 84.7 to 75.4 ms/iteration across rounds). Here one inte
 elementwise kernels; back to NumPy; the host reads ``r[::1024].sum()`` and ``r.max()``) with
 the two programs' transfer calls in alternating order (ABBA pairs), each iteration timed
 whole with the device synchronised at its end. It prints the medians, the ratio of medians and
-the median of the pair ratios (explicit over unchanged: below 1.0, explicit is faster). It
-runs itself under ``UMP_ALLOC=1``.
+the median of the pair ratios (explicit over unchanged: below 1.0, explicit is faster); then
+the same pairs again with the device synchronised after each phase, and each phase's median
+per program. It runs itself under ``UMP_ALLOC=1``.
 
     python benches/archive/explicit_ab_probe.py [--mib 256] [--pairs 20]
 """
@@ -51,18 +52,31 @@ def main() -> None:
         "explicit": (lambda h: ump_alloc.asarray(h, like="cupy"), ump_alloc.asnumpy),
     }
 
-    def step(name: str) -> tuple[float, float]:
+    def step(name: str, phases: list | None = None) -> tuple[float, float]:
         to_gpu, to_host = programs[name]
-        t = time.perf_counter()
+        t = [time.perf_counter()]
+
+        def mark() -> None:
+            if phases is not None:
+                sync()
+                t.append(time.perf_counter())
+
         h = src * 1.5
+        mark()
         g = to_gpu(h)
+        mark()
         g = cp.sqrt(g)
         g *= 3.0
         g += 1.0
+        mark()
         r = to_host(g)
+        mark()
         v = float(r[::1024].sum()) + float(r.max())
         sync()
-        return time.perf_counter() - t, v
+        t.append(time.perf_counter())
+        if phases is not None:
+            phases.append([b - a for a, b in zip(t, t[1:])])
+        return t[-1] - t[0], v
 
     # Warm both (kernels compiled, pools filled), and check they compute the same.
     ref = [step(p)[1] for p in programs for _ in range(2)]
@@ -79,6 +93,14 @@ def main() -> None:
     def med(xs: list[float]) -> float:
         return sorted(xs)[len(xs) // 2]
 
+    # Then phase by phase (the device synchronised after each phase), in the same ABBA order.
+    ph: dict[str, list] = {p: [] for p in programs}
+    for i in range(args.pairs):
+        order = ("unchanged", "explicit") if i % 2 == 0 else ("explicit", "unchanged")
+        for p in order:
+            step(p, ph[p])
+    names = ("numpy", "to_gpu", "kernels", "to_host", "read")
+
     out = {
         "mib": args.mib,
         "pairs": args.pairs,
@@ -87,6 +109,7 @@ def main() -> None:
         "ratio_of_medians": round(med(times["explicit"]) / med(times["unchanged"]), 4),
         "median_pair_ratio": round(med(pairs), 4),
         "pair_ratio_range": [round(min(pairs), 3), round(max(pairs), 3)],
+        "phases_ms": {p: {k: round(med([x[i] for x in ph[p]]) * 1e3, 2) for i, k in enumerate(names)} for p in ph},
         "kinds": {"h": ump_alloc.identify(src * 1.5).kind},
     }
     print(json.dumps(out))
