@@ -272,6 +272,12 @@ impl Pool {
         len: usize,
     ) -> Option<usize> {
         let old = lg.chunks.get(sp.start())?;
+        if len <= old.size {
+            // The chunk holds `len` already, but the free memory after `sp` is split by spans
+            // of the exact-size list, which `grow_into_next` does not merge: nothing for the
+            // chunk to grow by. The caller moves the block.
+            return None;
+        }
         let mut sizes = vec![len];
         if self.kind == Kind::UMP_KIND_REGISTERED {
             let step = (old.size + old.size / PINNED_GROWTH).next_multiple_of(GRANULE);

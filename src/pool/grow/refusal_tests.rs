@@ -369,3 +369,44 @@ fn a_degraded_chunk_serves_nothing_more_and_goes_back_with_its_block() {
     p.free(b).unwrap();
     p.trim();
 }
+
+/// A block that starts its chunk, followed by blocks freed onto the exact-size list, grown to
+/// less than its chunk holds: the free memory after it is split by listed spans, so it cannot
+/// grow into it, and the chunk itself has no growing to do. The growth computed the chunk's
+/// extra bytes as `want - chunk size` and overflowed (a debug build panicked; a release build
+/// counted a wrapped byte count as mapped until the backing refused). It is refused now, and
+/// realloc moves the block.
+#[test]
+fn a_growth_within_a_chunk_split_by_listed_spans_is_refused_cleanly() {
+    let p = host(None, usize::MAX);
+    let blocks: Vec<usize> = (0..3).map(|_| p.alloc(2 * MB).unwrap().ptr).collect();
+    let mut sorted = blocks.clone();
+    sorted.sort_unstable();
+    let [a, b, c] = [sorted[0], sorted[1], sorted[2]];
+    assert_eq!(
+        (b - a, c - b),
+        (2 * MB, 2 * MB),
+        "three neighbours: {sorted:x?}"
+    );
+    fill(a, 2 * MB, 9);
+    p.free(b).unwrap();
+    p.free(c).unwrap();
+    let r0 = p.report();
+    let mapped = p.stats.mapped.load(Ordering::Relaxed);
+    let at = resize(p, a, 5 * MB);
+    // Either it grew in place over the freed neighbours, or nothing changed.
+    match at {
+        Some(at) => {
+            assert_eq!(at, a);
+            assert_eq!(lookup(a).unwrap().size, 5 * MB);
+        }
+        None => {
+            assert_eq!(p.report(), r0, "a refused growth changed the pool");
+            assert_eq!(lookup(a).unwrap().size, 2 * MB);
+        }
+    }
+    assert_eq!(p.stats.mapped.load(Ordering::Relaxed), mapped);
+    assert!(same(a, 2 * MB, 9));
+    p.free(a).unwrap();
+    p.trim();
+}
