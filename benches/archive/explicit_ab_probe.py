@@ -1,17 +1,19 @@
-"""Issue 35's CuPy pipeline, explicit and unchanged iterations alternating in one process.
+"""Issue 35's pipeline (CuPy or PyTorch), explicit and unchanged iterations alternating in one process.
 
 The cross-process rounds of ``explicit_phases_probe.py`` put each program in its own
 interpreter, and the interpreters drift by more than the two programs differ (the unchanged
 program alone moved from 84.7 to 75.4 ms/iteration across rounds). Here one interpreter under
 ``UMP_ALLOC=1`` runs the pipeline (256 MiB float32: NumPy ``h = src * 1.5``; to the GPU; three
 elementwise kernels; back to NumPy; the host reads ``r[::1024].sum()`` and ``r.max()``) with
-the two programs' transfer calls in alternating order (ABBA pairs), each iteration timed
+the two programs' transfer calls in alternating order (ABBA pairs): ``cupy.asarray`` and
+``cupy.asnumpy`` (``--lib torch``: ``torch.from_numpy(h).cuda()`` and ``t.cpu().numpy()``)
+against ``ump_alloc.asarray(h, like=...)`` and ``ump_alloc.asnumpy``, each iteration timed
 whole with the device synchronised at its end. It prints the medians, the ratio of medians and
 the median of the pair ratios (explicit over unchanged: below 1.0, explicit is faster); then
 the same pairs again with the device synchronised after each phase, and each phase's median
 per program. It runs itself under ``UMP_ALLOC=1``.
 
-    python benches/archive/explicit_ab_probe.py [--mib 256] [--pairs 20]
+    python benches/archive/explicit_ab_probe.py [--mib 256] [--pairs 20] [--lib cupy|torch]
 """
 
 from __future__ import annotations
@@ -27,18 +29,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--lib", choices=("cupy", "torch"), default="cupy")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
     from _benchutil import gpu_or_skip, ump_env
 
-    gpu_or_skip("cupy")
+    gpu_or_skip(args.lib)
     if os.environ.get("UMP_ALLOC") != "1":
         # Both programs run under ump-alloc: run again, switched on from the start.
         import subprocess
 
         env = ump_env({"UMP_ALLOC": "1"})
         sys.exit(subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode)
-    import cupy as cp
     import numpy as np
 
     import ump_alloc
@@ -46,10 +48,19 @@ def main() -> None:
     assert ump_alloc.is_enabled(), "UMP_ALLOC=1 did not switch ump-alloc on"
     n = args.mib * 2**20 // 4
     src = np.random.default_rng(0).random(n, dtype=np.float32)
-    sync = cp.cuda.Device().synchronize
+    if args.lib == "cupy":
+        import cupy as xp
+
+        sync = xp.cuda.Device().synchronize
+        unchanged = (xp.asarray, xp.asnumpy)
+    else:
+        import torch as xp
+
+        sync = xp.cuda.synchronize
+        unchanged = (lambda h: xp.from_numpy(h).cuda(), lambda t: t.cpu().numpy())
     programs = {
-        "unchanged": (cp.asarray, cp.asnumpy),
-        "explicit": (lambda h: ump_alloc.asarray(h, like="cupy"), ump_alloc.asnumpy),
+        "unchanged": unchanged,
+        "explicit": (lambda h: ump_alloc.asarray(h, like=args.lib), ump_alloc.asnumpy),
     }
 
     def step(name: str, phases: list | None = None) -> tuple[float, float]:
@@ -65,7 +76,7 @@ def main() -> None:
         mark()
         g = to_gpu(h)
         mark()
-        g = cp.sqrt(g)
+        g = xp.sqrt(g)
         g *= 3.0
         g += 1.0
         mark()
@@ -102,6 +113,7 @@ def main() -> None:
     names = ("numpy", "to_gpu", "kernels", "to_host", "read")
 
     out = {
+        "lib": args.lib,
         "mib": args.mib,
         "pairs": args.pairs,
         "unchanged_ms": round(med(times["unchanged"]) * 1e3, 2),
