@@ -6,6 +6,7 @@
 //! then copy nothing, as they copy nothing on glibc's malloc.
 
 use super::entry::{Entry, entry_at};
+use super::parts::Charge;
 use super::types::{Large, Pool, SPAN_CACHED, SPAN_FREE, SPAN_USED, Span, TAG_SPAN};
 use crate::backing::Kind;
 use crate::backing::{Growth, RangeBook};
@@ -287,7 +288,7 @@ impl Pool {
         }
         for size in sizes {
             let delta = size - old.size;
-            let Ok(charge) = self.charge(delta, delta) else {
+            let Some(charge) = Charge::within(self.stats, delta, self.limit()) else {
                 continue;
             };
             let mut book = Book { sp, rest };

@@ -30,8 +30,8 @@ impl<'a> Charge<'a> {
         limit: Option<Limit>,
         need: usize,
     ) -> Result<Charge<'a>> {
-        if n == 0 || stats.reserve_mapped(n, limit.map(|l| l.bytes)) {
-            return Ok(Charge { stats, n });
+        if let Some(c) = Charge::within(stats, n, limit) {
+            return Ok(c);
         }
         let mapped = stats.mapped.load(Ordering::Relaxed);
         let Limit { bytes, source } = limit.unwrap_or(Limit {
@@ -41,6 +41,17 @@ impl<'a> Charge<'a> {
         Err(Error::limit(format!(
             "{source} of {bytes} bytes reached ({mapped} mapped, {need} more needed)"
         )))
+    }
+
+    /// As [`new`](Self::new), for a caller that tries something else when the limit refuses
+    /// (no error is made).
+    pub(crate) fn within(
+        stats: &'a PoolStats,
+        n: usize,
+        limit: Option<Limit>,
+    ) -> Option<Charge<'a>> {
+        // `then`, not `then_some`: a Charge made and dropped would give back bytes never counted.
+        (n == 0 || stats.reserve_mapped(n, limit.map(|l| l.bytes))).then(|| Charge { stats, n })
     }
 
     /// The bytes are mapped: they stay counted.
@@ -110,6 +121,9 @@ mod tests {
             "{}",
             e.msg
         );
+        assert_eq!(mapped(&s), 8192);
+        // Refused quietly (a caller with something else to try): nothing counted or uncounted.
+        assert!(Charge::within(&s, 1, lim).is_none());
         assert_eq!(mapped(&s), 8192);
         // Nothing to map is never refused, even at the limit.
         Charge::new(&s, 0, lim, 0).unwrap().keep();
