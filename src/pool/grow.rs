@@ -1,5 +1,6 @@
 //! realloc without a copy. A large block shrinks by giving its tail back; it grows into the
-//! free span after it in its chunk, or, when it holds its chunk alone, with its chunk: the
+//! free memory after it in its chunk (free spans, and spans of the exact-size list, which are
+//! merged into the free set for it), or, when it holds its chunk alone, with its chunk: the
 //! backing maps more after it (pinned memory, into the room its chunk was reserved with) or
 //! moves its pages (plain host memory, `mremap`). NumPy's `ndarray.resize`, `np.fromiter` and
 //! the readers that grow their result as they go (`np.loadtxt`, `np.fromfile` with a separator)
@@ -121,65 +122,55 @@ impl Pool {
         true
     }
 
-    /// The free span that starts right after used span `sp` in its chunk, and the bytes it
-    /// offers: a span of the free set, or one of the exact-size list with the free span after
-    /// it (what merging it would make). Nothing is changed.
-    fn free_after(&self, lg: &Large, sp: &Span) -> Option<(&'static Span, usize)> {
-        let end = sp.start() + sp.len();
+    /// The free memory that starts right after used span `sp` in its chunk, looked at until it
+    /// offers `want` bytes: its bytes, and the spans of the exact-size list among it, in
+    /// address order. It is a row of spans of the free set and of the exact-size list (one
+    /// free span once those are merged into the free set). Nothing is changed.
+    fn free_after(&self, lg: &Large, sp: &Span, want: usize) -> (usize, Vec<&'static Span>) {
         let cbase = sp.chunk_base.load(Ordering::Relaxed);
         let cend = cbase + sp.chunk_len.load(Ordering::Relaxed);
-        if end >= cend {
-            return None;
-        }
-        let Some(Entry::Span(next)) = entry_at(end) else {
-            return None;
-        };
-        if next.start() != end || next.chunk_base.load(Ordering::Relaxed) != cbase {
-            return None;
-        }
-        match next.state.load(Ordering::Acquire) {
-            SPAN_FREE if lg.free.contains((next.len(), end)) => Some((next, next.len())),
-            SPAN_CACHED if lg.quick.contains_where(|q| std::ptr::eq(q, next)) => {
-                let after = end + next.len();
-                let more = match entry_at(after) {
-                    Some(Entry::Span(f))
-                        if after < cend
-                            && f.start() == after
-                            && f.chunk_base.load(Ordering::Relaxed) == cbase
-                            && f.state.load(Ordering::Acquire) == SPAN_FREE =>
-                    {
-                        f.len()
-                    }
-                    _ => 0,
-                };
-                Some((next, next.len() + more))
+        let (mut room, mut listed) = (0, Vec::new());
+        let mut a = sp.start() + sp.len();
+        while a < cend && room < want {
+            let Some(Entry::Span(f)) = entry_at(a) else {
+                break;
+            };
+            if f.start() != a || f.chunk_base.load(Ordering::Relaxed) != cbase {
+                break;
             }
-            _ => None,
+            match f.state.load(Ordering::Acquire) {
+                SPAN_FREE if lg.free.contains((f.len(), a)) => {}
+                SPAN_CACHED if lg.quick.contains_where(|q| std::ptr::eq(q, f)) => listed.push(f),
+                _ => break,
+            }
+            room += f.len();
+            a += f.len();
         }
+        (room, listed)
     }
 
-    /// Grow used span `sp` to `len` bytes over the free span right after it in its chunk.
-    /// Returns whether it did; when not, nothing changed.
+    /// Grow used span `sp` to `len` bytes over the free memory right after it in its chunk
+    /// (spans of the free set and of the exact-size list). Returns whether it did; when not,
+    /// nothing changed.
     fn grow_into_next(&'static self, lg: &mut Large, sp: &'static Span, len: usize) -> bool {
         let end = sp.start() + sp.len();
         let extra = len - sp.len();
-        let Some((mut next, room)) = self.free_after(lg, sp) else {
-            return false;
-        };
+        let (room, listed) = self.free_after(lg, sp, extra);
         if room < extra {
             return false;
         }
-        if next.state.load(Ordering::Acquire) == SPAN_CACHED {
-            // On the exact-size list: merge it into the free set first.
+        // Spans of the exact-size list among it go into the free set first, in address order:
+        // each merges with the free spans beside it, so one free span starts at `end`.
+        for f in listed {
             lg.quick
-                .take_where(|q| std::ptr::eq(q, next))
+                .take_where(|q| std::ptr::eq(q, f))
                 .expect("free_after found it listed");
-            self.uncache(lg, next);
-            let Some(Entry::Span(merged)) = entry_at(end) else {
-                unreachable!("the merged span starts where the listed one did");
-            };
-            next = merged;
+            self.uncache(lg, f);
         }
+        let Some(Entry::Span(next)) = entry_at(end) else {
+            unreachable!("a free span starts right after the block");
+        };
+        debug_assert!(next.start() == end && next.len() >= extra);
         self.unlist_free(lg, next);
         if self.lazy() {
             // A lazily committed pool keeps no exact-size list: nothing was merged above.
@@ -274,9 +265,9 @@ impl Pool {
     ) -> Option<usize> {
         let old = lg.chunks.get(sp.start())?;
         if len <= old.size {
-            // The chunk holds `len` already, but the free memory after `sp` is split by spans
-            // of the exact-size list, which `grow_into_next` does not merge: nothing for the
-            // chunk to grow by. The caller moves the block.
+            // The chunk holds `len` already: `grow_into_next`, which takes every free and
+            // listed span after `sp`, would have served it. Nothing for the chunk to grow by
+            // (and `len - old.size` below would overflow); the caller moves the block.
             return None;
         }
         let mut sizes = vec![len];

@@ -370,14 +370,64 @@ fn a_degraded_chunk_serves_nothing_more_and_goes_back_with_its_block() {
     p.trim();
 }
 
-/// A block that starts its chunk, followed by blocks freed onto the exact-size list, grown to
-/// less than its chunk holds: the free memory after it is split by listed spans, so it cannot
-/// grow into it, and the chunk itself has no growing to do. The growth computed the chunk's
-/// extra bytes as `want - chunk size` and overflowed (a debug build panicked; a release build
-/// counted a wrapped byte count as mapped until the backing refused). It is refused now, and
-/// realloc moves the block.
+/// A block followed by blocks freed onto the exact-size list grows in place over them: the
+/// free memory after it is a row of listed spans, merged into the free set for the growth.
+/// (Before, only the first listed span was looked at, and for a block that starts its chunk
+/// the chunk's growth was computed as `want - chunk size`, which overflowed: a debug build
+/// panicked, a release build counted a wrapped byte count as mapped until the backing
+/// refused.)
 #[test]
-fn a_growth_within_a_chunk_split_by_listed_spans_is_refused_cleanly() {
+fn a_block_grows_in_place_over_listed_neighbours() {
+    let p = host(None, usize::MAX);
+    let blocks: Vec<usize> = (0..4).map(|_| p.alloc(2 * MB).unwrap().ptr).collect();
+    let mut sorted = blocks.clone();
+    sorted.sort_unstable();
+    let [a, b, c, d] = [sorted[0], sorted[1], sorted[2], sorted[3]];
+    assert_eq!(
+        (b - a, c - b, d - c),
+        (2 * MB, 2 * MB, 2 * MB),
+        "{sorted:x?}"
+    );
+    fill(a, 2 * MB, 9);
+    fill(d, 2 * MB, 4);
+    p.free(b).unwrap();
+    p.free(c).unwrap();
+    let mapped = p.stats.mapped.load(Ordering::Relaxed);
+    // Two listed spans (4 MiB) lie between `a` and `d`: 5 MiB fits in them, 7 MiB does not.
+    assert_eq!(resize(p, a, 7 * MB), None);
+    assert_eq!(lookup(a).unwrap().size, 2 * MB);
+    assert_eq!(resize(p, a, 5 * MB), Some(a));
+    let info = lookup(a + 5 * MB - 1).unwrap();
+    assert_eq!((info.base, info.size), (a, 5 * MB));
+    assert!(same(a, 2 * MB, 9), "the block's bytes moved or changed");
+    assert!(
+        same(d, 2 * MB, 4),
+        "the neighbour after the row was touched"
+    );
+    assert_eq!(
+        p.stats.mapped.load(Ordering::Relaxed),
+        mapped,
+        "growth in place maps nothing"
+    );
+    // What is left of the row (1 MiB) is free memory the pool hands out again.
+    let e = p.alloc(MB).unwrap().ptr;
+    assert_eq!(e, a + 5 * MB);
+    for x in [a, d, e] {
+        p.free(x).unwrap();
+    }
+    p.trim();
+    assert_eq!(
+        p.stats.mapped.load(Ordering::Relaxed),
+        0,
+        "every chunk went back"
+    );
+}
+
+/// A block that starts its chunk, grown to less than the chunk holds, whose free memory after
+/// it cannot serve the growth: refused cleanly (no overflow, no count changed), and realloc
+/// moves the block.
+#[test]
+fn a_growth_within_a_chunk_that_cannot_be_served_is_refused_cleanly() {
     let p = host(None, usize::MAX);
     let blocks: Vec<usize> = (0..3).map(|_| p.alloc(2 * MB).unwrap().ptr).collect();
     let mut sorted = blocks.clone();
@@ -390,23 +440,15 @@ fn a_growth_within_a_chunk_split_by_listed_spans_is_refused_cleanly() {
     );
     fill(a, 2 * MB, 9);
     p.free(b).unwrap();
-    p.free(c).unwrap();
+    // `c` stays in use: 2 MiB of free memory after `a`, and `a` starts its chunk.
     let r0 = p.report();
     let mapped = p.stats.mapped.load(Ordering::Relaxed);
-    let at = resize(p, a, 5 * MB);
-    // Either it grew in place over the freed neighbours, or nothing changed.
-    match at {
-        Some(at) => {
-            assert_eq!(at, a);
-            assert_eq!(lookup(a).unwrap().size, 5 * MB);
-        }
-        None => {
-            assert_eq!(p.report(), r0, "a refused growth changed the pool");
-            assert_eq!(lookup(a).unwrap().size, 2 * MB);
-        }
-    }
+    assert_eq!(resize(p, a, 5 * MB), None);
+    assert_eq!(p.report(), r0, "a refused growth changed the pool");
     assert_eq!(p.stats.mapped.load(Ordering::Relaxed), mapped);
+    assert_eq!(lookup(a).unwrap().size, 2 * MB);
     assert!(same(a, 2 * MB, 9));
     p.free(a).unwrap();
+    p.free(c).unwrap();
     p.trim();
 }
