@@ -261,7 +261,7 @@ impl Pool {
         if self.lazy() {
             lg.lazy.committed()
         } else {
-            lg.chunk_bytes()
+            lg.chunks.bytes()
         }
     }
 

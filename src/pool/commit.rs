@@ -148,19 +148,15 @@ impl Pool {
     /// the books close it with a fence on the pool's stream (a device sync where the stream
     /// takes none); a retired stream's spans wait for its retire fence instead.
     fn epoch_safe(&self, lg: &mut Large, epoch: u64, ask: Ask) -> bool {
-        if !self.ordered() {
-            return true;
-        }
-        if self.is_retired() {
-            return match lock(&self.retire_event).as_ref() {
-                None => true,
-                Some(fence) if ask == Ask::Wait => fence.wait(),
-                Some(fence) => matches!(fence.done(), Ok(true)),
-            };
-        }
-        let Some(g) = self.group else {
+        // Not stream-ordered (`ordered()`): nothing on the device to wait for.
+        let Some(g) = self.group.filter(|g| g.ordered()) else {
             return true;
         };
+        if self.is_retired() {
+            return lock(&self.retire_event)
+                .as_ref()
+                .is_none_or(|fence| ask.reached(&**fence));
+        }
         lg.lazy.epoch_over(epoch, ask, || g.fence(self.stream()))
     }
 

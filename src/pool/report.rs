@@ -15,7 +15,7 @@ impl Pool {
             } else {
                 lg.largest_free()
             };
-            (self.mapped_of(&lg), lg.chunk_bytes(), largest)
+            (self.mapped_of(&lg), lg.chunks.bytes(), largest)
         };
         PoolReport {
             stream: self.stream(),
@@ -33,7 +33,7 @@ impl Pool {
         let spans = {
             let lg = lock(&self.large);
             if self.lazy() {
-                lg.free_committed()
+                lg.lazy.free_committed()
             } else {
                 lg.free_bytes()
             }

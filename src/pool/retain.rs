@@ -13,10 +13,7 @@ impl Pool {
     pub(crate) fn limit(&self) -> Option<Limit> {
         match self.group {
             Some(g) => g.limit(),
-            None => self.limit.map(|bytes| Limit {
-                bytes,
-                source: "UMP_ALLOC_LIMIT",
-            }),
+            None => self.limit.map(Limit::configured),
         }
     }
 

@@ -67,16 +67,6 @@ impl Fit {
 }
 
 impl Large {
-    /// Bytes of the chunks this pool holds (address space, for a lazily committed pool).
-    pub(super) fn chunk_bytes(&self) -> usize {
-        self.chunks.bytes()
-    }
-
-    /// Free committed bytes of a lazily committed pool (free spans, the exact-size list).
-    pub(super) fn free_committed(&self) -> usize {
-        self.lazy.free_committed()
-    }
-
     /// The largest block that fits without mapping more: the largest free span once the
     /// exact-size list is merged into the free set (as an allocation that finds nothing does),
     /// i.e. adjacent free and listed spans of one chunk count as one.

@@ -474,10 +474,7 @@ impl Group for StreamPools {
     fn limit(&self) -> Option<Limit> {
         let runtime = self.fraction_limit.load(Ordering::Relaxed);
         match (self.limit, runtime) {
-            (Some(bytes), r) if r == 0 || bytes <= r => Some(Limit {
-                bytes,
-                source: "UMP_ALLOC_LIMIT",
-            }),
+            (Some(bytes), r) if r == 0 || bytes <= r => Some(Limit::configured(bytes)),
             (_, 0) => None,
             (_, bytes) => Some(Limit {
                 bytes,

@@ -40,6 +40,17 @@ pub(crate) enum Ask {
     Wait,
 }
 
+impl Ask {
+    /// Whether `fence` is reached, asked this way (a fence that cannot be asked about counts
+    /// as not reached).
+    pub(crate) fn reached(self, fence: &dyn Fence) -> bool {
+        match self {
+            Ask::Wait => fence.wait(),
+            Ask::Query => matches!(fence.done(), Ok(true)),
+        }
+    }
+}
+
 impl Lazy {
     /// Bytes committed.
     pub(crate) fn committed(&self) -> usize {
@@ -102,11 +113,7 @@ impl Lazy {
             self.epoch += 1;
         }
         while let Some((e, f)) = self.fences.front() {
-            let done = match ask {
-                Ask::Wait => f.wait(),
-                Ask::Query => matches!(f.done(), Ok(true)),
-            };
-            if !done {
+            if !ask.reached(&**f) {
                 break;
             }
             self.safe = e + 1;

@@ -13,6 +13,16 @@ pub struct Limit {
     pub source: &'static str,
 }
 
+impl Limit {
+    /// The limit `UMP_ALLOC_LIMIT` sets.
+    pub fn configured(bytes: usize) -> Limit {
+        Limit {
+            bytes,
+            source: "UMP_ALLOC_LIMIT",
+        }
+    }
+}
+
 /// Bytes counted as mapped ahead of the mapping. Dropped without [`keep`](Self::keep) (the
 /// backing refused), they are uncounted again.
 #[must_use = "a charge not kept is given back at once"]
