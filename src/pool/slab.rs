@@ -19,7 +19,8 @@
 //! What stands in front of the slabs (the thread cache and the hot slot, the refill and the
 //! free paths that use them) is in `small`.
 
-use super::types::{BlockInfo, ClassState, NEVER, Pool, Slab, Slot, Span, TAG_SLAB};
+use super::types::{BlockInfo, ClassState, NEVER, Pool, Slab, Slot, Span, TAG_SLAB, double_free};
+use crate::error::Result;
 use crate::prim::fork::lock;
 use crate::registry;
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -62,6 +63,30 @@ impl Slab {
             size: w as usize - 1,
             capacity: self.slot,
         })
+    }
+
+    /// The free fast paths' first step: the live block starting at `ptr` (found in this slab
+    /// through the registry) is freed in the slab's words. Returns its slot index and
+    /// requested size; the slot is then out of the slab and free, and the caller keeps it or
+    /// gives it back. None: `ptr` is not a slot's start in this slab's current range (nothing
+    /// changed; the full path says why). `Some(Err)`: the slot is not live (a double free).
+    #[inline(always)]
+    pub(super) fn clear_slot(&self, ptr: usize) -> Option<Result<(u32, usize)>> {
+        let off = ptr.wrapping_sub(self.base.load(Ordering::Acquire));
+        if off >= self.bytes() {
+            return None;
+        }
+        let idx = self.slot_of(off);
+        if idx * self.slot != off {
+            return None;
+        }
+        debug_assert!(idx < self.nslots);
+        // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
+        let w = unsafe { self.words.get_unchecked(idx) }.swap(0, Ordering::AcqRel);
+        if w == 0 {
+            return Some(Err(double_free(ptr)));
+        }
+        Some(Ok((idx as u32, w as usize - 1)))
     }
 
     /// Slot `idx` (out of the slab, free) becomes a live block of `n` bytes. Returns its

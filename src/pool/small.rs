@@ -173,25 +173,14 @@ impl Pool {
             return None;
         }
         let c = tcache::mine(self)?;
-        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
-        if off >= s.bytes() {
-            return None;
-        }
-        let idx = s.slot_of(off);
-        if idx * s.slot != off {
-            return None;
-        }
-        debug_assert!(idx < s.nslots);
-        // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
-        let w = unsafe { s.words.get_unchecked(idx) }.swap(0, Ordering::AcqRel);
-        if w == 0 {
-            return Some(Err(double_free(ptr)));
-        }
-        let n = w as usize - 1;
+        let (idx, n) = match s.clear_slot(ptr)? {
+            Ok(x) => x,
+            Err(e) => return Some(Err(e)),
+        };
         if s.on_freed() && self.over_retain() {
-            self.free_to_slab(s, idx as u32, n);
-        } else if !tcache::push_to(c, self, s.class, (s, idx as u32), n) {
-            self.return_freed(s, idx as u32, n);
+            self.free_to_slab(s, idx, n);
+        } else if !tcache::push_to(c, self, s.class, (s, idx), n) {
+            self.return_freed(s, idx, n);
         }
         Some(Ok(n))
     }
