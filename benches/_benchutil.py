@@ -62,6 +62,19 @@ def ump_env(settings: dict) -> dict:
     return env
 
 
+def run_under_ump() -> None:
+    """Unless this process already runs under ``UMP_ALLOC=1``: run the calling script again, with
+    its arguments, in a fresh interpreter switched on from the start (``UMP_ALLOC=1``, the
+    other ``UMP_ALLOC*`` settings dropped as in :func:`ump_env`), and exit with its status."""
+    import os
+    import subprocess
+
+    if os.environ.get("UMP_ALLOC") == "1":
+        return
+    script = os.path.abspath(sys.argv[0])
+    sys.exit(subprocess.run([sys.executable, script, *sys.argv[1:]], env=ump_env({"UMP_ALLOC": "1"})).returncode)
+
+
 def libc_memory():
     """The C library through ctypes, with ``mmap``, ``munmap`` and ``madvise`` typed for
     addresses and sizes (``mmap`` returns an int, or ``MAP_FAILED``: ``ctypes.c_void_p(-1).value``)."""

@@ -29,14 +29,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
-    from _benchutil import gpu_or_skip, ump_env
+    from _benchutil import gpu_or_skip, run_under_ump
 
     gpu_or_skip("cupy")
-    if os.environ.get("UMP_ALLOC") != "1":
-        import subprocess
-
-        env = ump_env({"UMP_ALLOC": "1"})
-        sys.exit(subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode)
+    run_under_ump()
     import cupy as cp
     import cupyx
 

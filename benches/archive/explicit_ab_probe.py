@@ -32,15 +32,11 @@ def main() -> None:
     ap.add_argument("--lib", choices=("cupy", "torch"), default="cupy")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benches/
-    from _benchutil import gpu_or_skip, ump_env
+    from _benchutil import gpu_or_skip, run_under_ump
 
     gpu_or_skip(args.lib)
-    if os.environ.get("UMP_ALLOC") != "1":
-        # Both programs run under ump-alloc: run again, switched on from the start.
-        import subprocess
-
-        env = ump_env({"UMP_ALLOC": "1"})
-        sys.exit(subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode)
+    # Both programs run under ump-alloc: run again, switched on from the start.
+    run_under_ump()
     import numpy as np
 
     import ump_alloc
