@@ -20,7 +20,7 @@
 //! free paths that use them) is in `small`.
 
 use super::types::{BlockInfo, ClassState, NEVER, Pool, Slab, Slot, Span, TAG_SLAB, double_free};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::prim::fork::lock;
 use crate::registry;
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -87,6 +87,19 @@ impl Slab {
             return Some(Err(double_free(ptr)));
         }
         Some(Ok((idx as u32, w as usize - 1)))
+    }
+
+    /// Why [`clear_slot`](Self::clear_slot) found no slot's start at `ptr`: the error a free
+    /// reports for it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn not_a_slot(&self, ptr: usize) -> Error {
+        let off = ptr.wrapping_sub(self.base.load(Ordering::Acquire));
+        if off < self.bytes() && self.slot_of(off) * self.slot != off {
+            return Error::not_ours(format!("{ptr:#x} points inside a block, not at its start"));
+        }
+        // The descriptor moved on to another range since the registry was read.
+        Error::not_ours(format!("{ptr:#x} is not a live block"))
     }
 
     /// Slot `idx` (out of the slab, free) becomes a live block of `n` bytes. Returns its

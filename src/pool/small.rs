@@ -9,8 +9,8 @@
 
 use super::class::SMALL_MAX;
 use super::tcache;
-use super::types::{Alloc, Pool, SPAN_SLAB, Slab, Slot, double_free};
-use crate::error::{Error, Result};
+use super::types::{Alloc, Pool, SPAN_SLAB, Slab, Slot};
+use crate::error::Result;
 use crate::prim::fork::lock;
 use std::sync::atomic::Ordering;
 
@@ -118,28 +118,16 @@ impl Pool {
     /// counted out of use. Returns its requested size.
     #[inline]
     pub(super) fn free_small(&'static self, s: &'static Slab, ptr: usize) -> Result<usize> {
-        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
-        if off >= s.bytes() {
-            // The descriptor moved on to another range since the registry was read.
-            return Err(Error::not_ours(format!("{ptr:#x} is not a live block")));
-        }
-        let idx = s.slot_of(off);
-        if idx * s.slot != off {
-            return Err(Error::not_ours(format!(
-                "{ptr:#x} points inside a block, not at its start"
-            )));
-        }
-        let w = s.words[idx].swap(0, Ordering::AcqRel);
-        if w == 0 {
-            return Err(double_free(ptr));
-        }
-        let n = w as usize - 1;
+        let (idx, n) = match s.clear_slot(ptr) {
+            Some(r) => r?,
+            None => return Err(s.not_a_slot(ptr)),
+        };
         if s.held_for_children() {
             // A fork child may still read it.
-            return self.hold_slot(s, idx as u32, n);
+            return self.hold_slot(s, idx, n);
         }
         let dead = s.on_freed();
-        if self.is_stream_ordered() && self.put_hot(s.class, s, idx as u32) {
+        if self.is_stream_ordered() && self.put_hot(s.class, s, idx) {
             self.stats.frees.fetch_add(1, Ordering::Relaxed);
             self.stats.sub_in_use(n);
             return Ok(n);
@@ -148,11 +136,11 @@ impl Pool {
             // The slab's last live block, in a pool above its retain bound: the slot, and
             // this thread's cached slots of the slab, go back to it, so that it can go back
             // to the spans and its chunk to the OS instead of being pinned by a cache.
-            self.free_to_slab(s, idx as u32, n);
+            self.free_to_slab(s, idx, n);
             return Ok(n);
         }
-        if !tcache::push(self, s.class, (s, idx as u32), n) {
-            self.return_freed(s, idx as u32, n);
+        if !tcache::push(self, s.class, (s, idx), n) {
+            self.return_freed(s, idx, n);
         }
         Ok(n)
     }
