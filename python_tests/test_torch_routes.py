@@ -115,6 +115,10 @@ def test_cuda_ipc(env, expect):
     check("ipc", {**env, "EXPECT_IPC": expect})
 
 
+def test_non_blocking_copy_keeps_its_source():
+    check("nonblocking_h2d_keeps_its_source", ROUTES["segments"])
+
+
 def test_oversubscription_refused():
     check("oversubscription_refused", ROUTES["segments"])
 

@@ -102,3 +102,72 @@ def test_a_refused_switch_leaves_pytorch_as_it_was():
     good = json.loads(run_python(code, env={"LATER": "0"}).stdout.strip().splitlines()[-1])
     assert "error" not in good and good["calls"][0] == "probe", good
     assert good["calls"][-1] == ["transfer", {"fast_cpu": False, "unified": False}], good
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, want",
+    [
+        (("cuda",), {}, False),
+        (("cuda",), {"non_blocking": True}, True),
+        (("cuda",), {"non_blocking": False}, False),
+        (("cuda", None, True), {}, True),  # to(device, dtype, non_blocking)
+        ((None, True), {}, True),  # to(dtype, non_blocking) / cuda(device, non_blocking)
+        ((1,), {}, False),  # a device index is not a flag
+        ((), {}, False),
+    ],
+)
+def test_non_blocking_flag_is_found_without_parsing(args, kwargs, want):
+    assert tt._non_blocking(args, kwargs) is want
+
+
+class _Event:
+    def __init__(self, done):
+        self.done = done
+
+    def query(self):
+        return self.done
+
+
+def test_sources_are_let_go_in_order_once_copied():
+    """Sources of non_blocking copies go once their events complete, oldest first: a later one
+    whose copy is done waits behind an earlier one that is not (a stream's order)."""
+    saved = list(tt._in_flight)
+    tt._in_flight.clear()
+    try:
+        first, second, third = _Event(True), _Event(False), _Event(True)
+        for e in (first, second, third):
+            tt._in_flight.append((e, object()))
+        tt._held[0] = 3
+        tt._drop_copied()
+        assert tt.in_flight() == 2 and tt._in_flight[0][0] is second
+        second.done = True
+        tt._drop_copied()
+        assert tt.in_flight() == 0 and not tt._in_flight
+    finally:
+        tt._in_flight.clear()
+        tt._in_flight.extend(saved)
+        tt._held[0] = len(saved)
+
+
+def test_fork_child_keeps_what_was_in_flight_untouched():
+    """A fork child cannot query (or destroy) the parent's CUDA events: it starts with nothing
+    in flight and keeps the inherited entries, never asking them anything."""
+    import os
+
+    class Untouchable:
+        def query(self):
+            os._exit(3)  # asked in the child: the test fails
+
+    tt._in_flight.append((Untouchable(), object()))
+    tt._held[0] = len(tt._in_flight)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            ok = tt.in_flight() == 0 and not tt._in_flight and tt._inherited
+            tt._drop_copied()
+            os._exit(0 if ok else 4)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        tt._in_flight.clear()
+        tt._held[0] = 0

@@ -648,5 +648,67 @@ def alloc_conf_left_to_pytorch():
     print("PASS")
 
 
+def _nonblocking_trials(torch, x, ways, drop_guard):
+    """Copy a NumPy temporary of ``x`` to the GPU with each of ``ways`` (non_blocking) behind a
+    busy stream, drop it at once and write -1 into a new array of its size: (wrong copies,
+    temporaries whose memory the new array got at once)."""
+    from ump_alloc import _torch_transfer as tt
+
+    wrong = reused = 0
+    for way in ways * 3:
+        torch.cuda._sleep(int(2e8))  # the copy waits behind this on the stream
+        tmp = x.copy()
+        p = tmp.ctypes.data
+        g = way(torch.from_numpy(tmp))
+        del tmp
+        if drop_guard:  # the control: what happens without the guard
+            with tt._in_flight_lock:
+                tt._in_flight.clear()
+                tt._held[0] = 0
+        y = np.full(x.size, -1.0)
+        reused += y.ctypes.data == p
+        torch.cuda.synchronize()
+        wrong += not np.array_equal(g.cpu().numpy(), x)
+        del y, g
+    return wrong, reused
+
+
+def nonblocking_h2d_keeps_its_source():
+    """UMP_ALLOC=1: ``torch.from_numpy(tmp).cuda(non_blocking=True)`` (and ``.to`` in its forms)
+    with the temporary dropped at once copies the data, not what NumPy writes next into the
+    reused memory: the source is kept until the copy ran, then let go. Random data; the control
+    (the guard's list emptied right after each copy) shows the corruption, so the check can
+    fail."""
+    import torch
+
+    import ump_alloc
+    from ump_alloc import _torch_transfer as tt
+
+    torch.zeros(1, device="cuda")  # the first use of the GPU: NumPy's memory is pinned from here
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    x = rng.random(1 << 22)
+    ident = ump_alloc.identify(x.copy())
+    assert ident.ours and ident.device_accessible, ident
+    ways = [
+        lambda t: t.cuda(non_blocking=True),
+        lambda t: t.to("cuda", non_blocking=True),
+        lambda t: t.to(torch.device("cuda"), torch.float64, True),
+    ]
+    wrong, reused = _nonblocking_trials(torch, x, ways, drop_guard=True)
+    print(f"control, guard dropped: {wrong}/9 wrong copies, {reused}/9 reused at once")
+    assert wrong > 0 and reused > 0, "the control did not reproduce the race: the check cannot fail"
+    wrong, reused = _nonblocking_trials(torch, x, ways, drop_guard=False)
+    print(f"guarded: {wrong}/9 wrong copies, {reused}/9 reused at once, {tt.in_flight()} held")
+    assert wrong == 0 and reused == 0, (wrong, reused)
+    torch.cuda.synchronize()
+    torch.ones(4).to("cuda", non_blocking=True)  # PyTorch's memory: not held; lets go of the rest
+    assert tt.in_flight() == 0, tt.in_flight()
+    # A blocking copy and a copy from PyTorch's own memory keep nothing.
+    torch.from_numpy(x.copy()).cuda()
+    torch.from_numpy(x).clone().cuda(non_blocking=True)
+    assert tt.in_flight() == 0, tt.in_flight()
+    print("PASS")
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

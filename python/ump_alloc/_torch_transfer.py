@@ -25,15 +25,51 @@ lives while either tensor does; GPU kernels on pinned host memory read it over P
 85 GB/s, against about 1.7 TB/s from device memory), and the host's first reads of managed
 memory fault pages over (about 7 GB/s), so it wins for data touched once and loses for data
 reused many times (docs/BENCHMARKS.md).
+
+**``non_blocking=True`` copies to the GPU** (always on): on pageable memory PyTorch's
+``.to("cuda", non_blocking=True)`` and ``.cuda(non_blocking=True)`` have read the source before
+they return, so a program may drop the source at once (``torch.from_numpy(a * 2).cuda(
+non_blocking=True)``). On ump-alloc's pinned host side the copy is a real asynchronous DMA, and
+NumPy would reuse the freed memory before the copy reads it (measured on the H200: 6 of 6
+copies corrupted). So the source tensor of such a copy from ump-alloc's pinned memory is kept
+alive until an event recorded after the copy on its stream completes, as PyTorch's own pinned
+allocator does for its blocks. ``Tensor.copy_(src, non_blocking=True)`` is PyTorch's own and is
+not covered: keep its source alive until the stream is synchronised, as with any pinned memory.
 """
 
 from __future__ import annotations
+
+import collections
+import os
+import threading
 
 # Below this, the copy is latency-bound and PyTorch's own path is as fast.
 MIN_BYTES = 1 << 20
 
 _orig: dict = {}
 _state = {"fast_cpu": False, "unified": False}
+# (event, source tensor) of non_blocking copies to the GPU from ump-alloc's pinned memory, in
+# the order they were made; a source is dropped once its event has completed.
+_in_flight: collections.deque = collections.deque()
+_in_flight_lock = threading.Lock()
+# len(_in_flight), as a plain int the fast paths (and torch.compile's tracer) read cheaply.
+_held = [0]
+# What a fork child inherited in flight: its events belong to the parent's CUDA context, which
+# the child cannot use (not even to destroy them), so the child keeps them, untouched, to exit.
+_inherited: list = []
+
+
+def _after_fork_in_child() -> None:
+    global _in_flight, _in_flight_lock
+    if _in_flight:
+        _inherited.append(_in_flight)
+    _in_flight = collections.deque()
+    _in_flight_lock = threading.Lock()
+    _held[0] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def install(torch, fast_cpu: bool, unified: bool) -> None:
@@ -41,20 +77,21 @@ def install(torch, fast_cpu: bool, unified: bool) -> None:
     reads ``UMP_ALLOC_TORCH_FAST_CPU``/``UMP_ALLOC_TORCH_UNIFIED`` where its caller left them)."""
     _state["fast_cpu"] = bool(fast_cpu)
     _state["unified"] = bool(unified)
-    if _orig or not (_state["fast_cpu"] or _state["unified"]):
+    if _orig:
         return
     T = torch.Tensor
-    _orig.update(cpu=T.cpu, to=T.to, numpy=T.numpy, torch=torch)
+    _orig.update(cpu=T.cpu, to=T.to, numpy=T.numpy, cuda=T.cuda, torch=torch)
     T.cpu = _cpu
     T.to = _to
     T.numpy = _numpy
+    T.cuda = _cuda
 
 
 def uninstall() -> None:
     """Restore PyTorch's methods."""
     if _orig:
         T = _orig["torch"].Tensor
-        T.cpu, T.to, T.numpy = _orig["cpu"], _orig["to"], _orig["numpy"]
+        T.cpu, T.to, T.numpy, T.cuda = _orig["cpu"], _orig["to"], _orig["numpy"], _orig["cuda"]
         _orig.clear()
 
 
@@ -231,6 +268,13 @@ def _to(self, *args, **kwargs):
     if type(self) is not torch.Tensor:
         # Subclasses (FakeTensor under torch.compile, with symbolic sizes) keep PyTorch's path.
         return _orig["to"](self, *args, **kwargs)
+    if not self.is_cuda and (_held[0] or _non_blocking(args, kwargs)) and not _tracing(torch):
+        if _held[0]:
+            _drop_copied()
+        if _non_blocking(args, kwargs):
+            r = _orig["to"](self, *args, **kwargs)
+            _keep_until_copied(self, r, torch)
+            return r
     if _state["unified"]:
         if not set(kwargs) <= _TO_KEYS:
             return _orig["to"](self, *args, **kwargs)
@@ -254,6 +298,65 @@ def _to(self, *args, **kwargs):
     if r is None and device.type == "cpu" and self.is_cuda:
         r = _fast_copy_to_cpu(self, dtype, torch)
     return r if r is not None else _orig["to"](self, *args, **kwargs)
+
+
+def _cuda(self, *args, **kwargs):
+    torch = _orig["torch"]
+    if type(self) is not torch.Tensor or self.is_cuda or not (_held[0] or _non_blocking(args, kwargs)) or _tracing(torch):
+        return _orig["cuda"](self, *args, **kwargs)
+    if _held[0]:
+        _drop_copied()
+    r = _orig["cuda"](self, *args, **kwargs)
+    if _non_blocking(args, kwargs):
+        _keep_until_copied(self, r, torch)
+    return r
+
+
+# ---- non_blocking copies to the GPU ----------------------------------------------------------
+
+
+def _non_blocking(args, kwargs) -> bool:
+    """Whether a ``.to``/``.cuda`` call may ask for ``non_blocking`` (cheap, no parsing; a
+    positional ``True`` may also be ``copy``, which only keeps a source alive a little longer)."""
+    if kwargs and kwargs.get("non_blocking", False):
+        return True
+    for a in args:
+        if a is True:
+            return True
+    return False
+
+
+def _keep_until_copied(src, dst, torch) -> None:
+    """``dst`` is a CUDA copy of CPU tensor ``src`` made with ``non_blocking``: where ``src`` is
+    ump-alloc's pinned memory the DMA may not have read it yet, so ``src`` (and the NumPy buffer
+    under it) stays alive until an event recorded after the copy on ``dst``'s current stream has
+    completed."""
+    if dst is src or type(dst) is not torch.Tensor or not dst.is_cuda or src.numel() == 0:
+        return
+    ident = _identity(src)
+    if ident is None or not ident.ours or not ident.device_accessible:
+        return  # PyTorch's own or plain host memory: the copy read it before returning
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(dst.device))
+    with _in_flight_lock:
+        _in_flight.append((ev, src))
+        _held[0] = len(_in_flight)
+
+
+def _drop_copied() -> None:
+    """Let go of the sources whose copies have completed (oldest first; a later one waits for
+    the first that has not)."""
+    done = []
+    with _in_flight_lock:
+        while _in_flight and _in_flight[0][0].query():
+            done.append(_in_flight.popleft())
+        _held[0] = len(_in_flight)
+    del done  # the tensors (and NumPy's buffers) are released here, outside the lock
+
+
+def in_flight() -> int:
+    """Sources of ``non_blocking`` copies to the GPU still kept alive."""
+    return _held[0]
 
 
 def _numpy(self, *, force=False):
