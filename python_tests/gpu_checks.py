@@ -2246,3 +2246,55 @@ def device_realloc_waits_for_the_stream():
     bad = int(np.count_nonzero(got != want))
     assert bad == 0, f"{bad} words differ after ump_realloc (marker: {int(np.count_nonzero(got == 0xA5A5A5A5))})"
     print("ump_realloc waited for the stream: the host's pattern is intact over all 16 MiB")
+
+
+def cupy_staging_fallback():
+    """A pinned-memory allocator that gives nothing makes CuPy send a NumPy temporary with
+    ``copy_from_host_async`` and drop it on return (CuPy's own ``TestAsarray`` with
+    ``pinned_alloc_fails``). On ump-alloc's pinned host side that copy is a real DMA, so while
+    such an allocator is set ``cupy.asarray`` blocks and the copy is right. Random data behind a
+    busy stream; the control (CuPy's own asarray, non-blocking) shows the corruption, so the
+    check can fail. CuPy's pool set back: asarray is CuPy's own again."""
+    import cupy as cp
+
+    import ump_alloc
+    from ump_alloc import _cupy_staging
+
+    ump_alloc.enable(torch=False)
+    original = cp.asarray
+    rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
+    x = rng.random(1 << 22)
+    k = cp.ones((4096, 4096), cp.float32)  # the first use of the GPU: NumPy's memory is pinned now
+    cp.cuda.Device().synchronize()
+    src = x.reshape(1024, -1)[:, ::2]  # not contiguous: order="F" needs a temporary
+    ident = ump_alloc.identify(np.asarray(src, order="F"))
+    assert ident.ours and ident.device_accessible, ident
+
+    def trials(asarray):
+        wrong = 0
+        for _ in range(4):
+            for _ in range(40):
+                k @ k  # the copy waits behind these on the stream
+            g = asarray(src, order="F")
+            y = np.full(src.size, -1.0)  # takes the temporary's memory if it is free
+            cp.cuda.Device().synchronize()
+            wrong += not np.array_equal(cp.asnumpy(g), src)
+            del y
+        return wrong
+
+    assert not _cupy_staging.blocking()
+    cp.cuda.set_pinned_memory_allocator(lambda _: None)
+    try:
+        assert _cupy_staging.blocking()
+        control = trials(_cupy_staging._orig["asarray"])
+        print(f"control, CuPy's asarray: {control}/4 copies wrong")
+        assert control > 0, "the control did not reproduce the race: the check cannot fail"
+        wrong = trials(cp.asarray)
+        print(f"ump-alloc: {wrong}/4 copies wrong")
+        assert wrong == 0
+        wrong = trials(lambda a, order: cp.array(a, order=order))
+        assert wrong == 0, f"cupy.array: {wrong}/4 copies wrong"
+    finally:
+        cp.cuda.set_pinned_memory_allocator(cp.get_default_pinned_memory_pool().malloc)
+    assert not _cupy_staging.blocking() and cp.asarray is original
+    assert trials(cp.asarray) == 0  # CuPy's pool: a staging buffer, watched by CuPy itself

@@ -309,6 +309,10 @@ def test_transfer_choice_torch(mode):
     check("transfer_choice_torch", mode)
 
 
+def test_cupy_staging_fallback():
+    check("cupy_staging_fallback")
+
+
 @pytest.mark.parametrize("mode", SHARED or ["managed"])
 def test_numpy_thread_made_before_enable(mode):
     check("numpy_thread_made_before_enable", mode, EARLY_PINNED)

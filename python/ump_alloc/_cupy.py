@@ -250,6 +250,9 @@ def install(zero_copy: bool | None = None) -> None:
     _state["previous"] = cupy.cuda.get_allocator()
     cupy.cuda.set_allocator(allocator())
     _patch_stream_del(cupy)
+    from . import _cupy_staging
+
+    _cupy_staging.install(cupy)
     _state["installed"] = True
 
 
@@ -282,8 +285,9 @@ def uninstall() -> None:
     import cupy
 
     cupy.cuda.set_allocator(_state["previous"])
-    from . import _cupy_zerocopy
+    from . import _cupy_staging, _cupy_zerocopy
 
+    _cupy_staging.uninstall()  # first: it may have wrapped the zero-copy asarray
     _cupy_zerocopy.uninstall()
     _state["installed"] = False
 
