@@ -31,9 +31,10 @@ reused many times (docs/BENCHMARKS.md).
 they return, so a program may drop the source at once (``torch.from_numpy(a * 2).cuda(
 non_blocking=True)``). On ump-alloc's pinned host side the copy is a real asynchronous DMA, and
 NumPy would reuse the freed memory before the copy reads it (measured on the H200: 6 of 6
-copies corrupted). So the source tensor of such a copy from ump-alloc's pinned memory is kept
-alive until an event recorded after the copy on its stream completes, as PyTorch's own pinned
-allocator does for its blocks. ``Tensor.copy_(src, non_blocking=True)`` is PyTorch's own and is
+copies corrupted). So the source tensor of such a copy from a block of ump-alloc's (its storage
+starting at the block: ``torch.from_numpy`` of a whole array) is kept alive until an event
+recorded after the copy on its stream completes, as PyTorch's own pinned allocator does for its
+blocks. ``Tensor.copy_(src, non_blocking=True)`` is PyTorch's own and is
 not covered: keep its source alive until the stream is synchronised, as with any pinned memory.
 """
 
@@ -333,14 +334,25 @@ def _keep_until_copied(src, dst, torch) -> None:
     completed."""
     if dst is src or type(dst) is not torch.Tensor or not dst.is_cuda or src.numel() == 0:
         return
-    ident = _identity(src)
-    if ident is None or not ident.ours or not ident.device_accessible:
-        return  # PyTorch's own or plain host memory: the copy read it before returning
+    # ump_owns: a registry lookup (no driver call, unlike identify's for PyTorch's own pinned
+    # memory: 0.3 against 4.5 us). It knows block starts: a tensor made with torch.from_numpy
+    # of a whole array, the case of a dropped temporary. A block of ours not pinned (made
+    # before the first use of a GPU) is held too, harmlessly: its copy was synchronous.
+    from . import _lib
+
+    if not _lib.lib().ump_owns(_ctypes_ptr(src.untyped_storage().data_ptr())):
+        return  # PyTorch's own memory, plain host memory, or a view into a block
     ev = torch.cuda.Event()
     ev.record(torch.cuda.current_stream(dst.device))
     with _in_flight_lock:
         _in_flight.append((ev, src))
         _held[0] = len(_in_flight)
+
+
+def _ctypes_ptr(addr: int):
+    import ctypes
+
+    return ctypes.c_void_p(addr)
 
 
 def _drop_copied() -> None:
