@@ -171,3 +171,70 @@ def test_fork_child_keeps_what_was_in_flight_untouched():
     finally:
         tt._in_flight.clear()
         tt._held[0] = 0
+
+
+def _stand_in_torch(capturing=False):
+    """Just enough of PyTorch for ``_keep_until_copied``: tensors over an address, events that
+    remember their stream, a capture flag."""
+    import types
+
+    class Tensor:
+        def __init__(self, ptr, cuda):
+            self.ptr, self.is_cuda, self.device = ptr, cuda, "cuda:0" if cuda else "cpu"
+
+        def numel(self):
+            return 1
+
+        def untyped_storage(self):
+            return types.SimpleNamespace(data_ptr=lambda: self.ptr)
+
+    class Event:
+        def record(self, stream):
+            self.stream = stream
+
+        def query(self):
+            return False
+
+    cuda = types.SimpleNamespace(
+        Event=Event,
+        current_stream=lambda device: ("stream of", device),
+        is_current_stream_capturing=lambda: capturing,
+    )
+    return types.SimpleNamespace(Tensor=Tensor, cuda=cuda)
+
+
+def test_only_sources_on_blocks_of_ours_are_held(monkeypatch):
+    """The guard holds a CPU source whose storage starts at a block of ump-alloc's, with an
+    event on the destination's current stream; foreign memory, a view into a block, a CUDA
+    source and a copy made during a CUDA graph capture hold nothing."""
+    import ctypes
+
+    import numpy as np
+
+    import ump_alloc
+
+    ump_alloc.enable(cupy=False, torch=False)
+    try:
+        block = np.ones(1 << 16)
+        assert ump_alloc.handles(block)
+        foreign = ctypes.create_string_buffer(1 << 16)
+        monkeypatch.setattr(tt, "_in_flight", __import__("collections").deque())
+        monkeypatch.setattr(tt, "_held", [0])
+        torch = _stand_in_torch()
+        dst = torch.Tensor(0, cuda=True)
+        for src in (torch.Tensor(ctypes.addressof(foreign), cuda=False),
+                    torch.Tensor(block.ctypes.data + 8, cuda=False)):
+            tt._keep_until_copied(src, dst, torch)
+        assert tt.in_flight() == 0
+        tt._keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False), torch.Tensor(0, cuda=False), torch)
+        assert tt.in_flight() == 0, "a copy to the CPU holds nothing"
+        capturing = _stand_in_torch(capturing=True)
+        tt._keep_until_copied(capturing.Tensor(block.ctypes.data, cuda=False), capturing.Tensor(0, cuda=True), capturing)
+        assert tt.in_flight() == 0, "nothing recorded during a capture"
+        src = torch.Tensor(block.ctypes.data, cuda=False)
+        tt._keep_until_copied(src, dst, torch)
+        assert tt.in_flight() == 1
+        ev, held = tt._in_flight[0]
+        assert held is src and ev.stream == ("stream of", "cuda:0")
+    finally:
+        ump_alloc.disable()

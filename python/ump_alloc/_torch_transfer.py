@@ -334,6 +334,10 @@ def _keep_until_copied(src, dst, torch) -> None:
     completed."""
     if dst is src or type(dst) is not torch.Tensor or not dst.is_cuda or src.numel() == 0:
         return
+    if torch.cuda.is_current_stream_capturing():
+        # A CUDA graph's copy node reads the source at every replay: keeping it is the
+        # program's business, and an event recorded or queried now would join the capture.
+        return
     # ump_owns: a registry lookup (no driver call, unlike identify's for PyTorch's own pinned
     # memory: 0.3 against 4.5 us). It knows block starts: a tensor made with torch.from_numpy
     # of a whole array, the case of a dropped temporary. A block of ours not pinned (made
@@ -358,6 +362,9 @@ def _ctypes_ptr(addr: int):
 def _drop_copied() -> None:
     """Let go of the sources whose copies have completed (oldest first; a later one waits for
     the first that has not)."""
+    torch = _orig.get("torch")
+    if torch is not None and torch.cuda.is_current_stream_capturing():
+        return  # querying an event now would be refused (or join the capture): later
     done = []
     with _in_flight_lock:
         while _in_flight and _in_flight[0][0].query():
