@@ -113,6 +113,8 @@ def test_a_refused_switch_leaves_pytorch_as_it_was():
         (("cuda", None, True), {}, True),  # to(device, dtype, non_blocking)
         ((None, True), {}, True),  # to(dtype, non_blocking) / cuda(device, non_blocking)
         ((1,), {}, False),  # a device index is not a flag
+        (("cuda", None, __import__("numpy").True_), {}, True),  # NumPy's True, as PyTorch takes it
+        (("cuda", None, __import__("numpy").False_), {}, False),
         ((), {}, False),
     ],
 )
@@ -128,25 +130,34 @@ class _Event:
         return self.done
 
 
-def test_sources_are_let_go_in_order_once_copied():
-    """Sources of non_blocking copies go once their events complete, oldest first: a later one
-    whose copy is done waits behind an earlier one that is not (a stream's order)."""
-    saved = list(tt._in_flight)
-    tt._in_flight.clear()
-    try:
-        first, second, third = _Event(True), _Event(False), _Event(True)
-        for e in (first, second, third):
-            tt._in_flight.append((e, object()))
-        tt._held[0] = 3
-        tt._drop_copied()
-        assert tt.in_flight() == 2 and tt._in_flight[0][0] is second
-        second.done = True
-        tt._drop_copied()
-        assert tt.in_flight() == 0 and not tt._in_flight
-    finally:
-        tt._in_flight.clear()
-        tt._in_flight.extend(saved)
-        tt._held[0] = len(saved)
+def test_sources_are_let_go_once_copied(monkeypatch):
+    """Sources of non_blocking copies go once their own events complete (copies on other
+    streams do not wait for each other); past the cap the oldest copies are waited for; a
+    context lost (queries raising) keeps what is left and raises nothing."""
+    import collections
+
+    monkeypatch.setattr(tt, "_in_flight", collections.deque())
+    monkeypatch.setattr(tt, "_held", [0])
+    monkeypatch.setattr(tt, "_held_bytes", [0])
+    first, second, third = _Event(True), _Event(False), _Event(True)
+    for e in (first, second, third):
+        tt._in_flight.append((e, object(), 100))
+    tt._held[0], tt._held_bytes[0] = 3, 300
+    tt._drop_copied()
+    assert tt.in_flight() == 1 and tt._in_flight[0][0] is second and tt._held_bytes[0] == 100
+    waited = []
+    second.synchronize = lambda: waited.append(second)
+    tt._in_flight.append((_Event(False), object(), 100))
+    tt._held[0], tt._held_bytes[0] = 2, 200
+    tt._drop_copied(wait_over=100)
+    assert waited == [second] and tt.in_flight() == 1 and tt._held_bytes[0] == 100
+
+    class Lost:
+        def query(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    tt._in_flight.append((Lost(), object(), 100))
+    tt._drop_copied()  # raises nothing
 
 
 def test_fork_child_keeps_what_was_in_flight_untouched():
@@ -158,7 +169,7 @@ def test_fork_child_keeps_what_was_in_flight_untouched():
         def query(self):
             os._exit(3)  # asked in the child: the test fails
 
-    tt._in_flight.append((Untouchable(), object()))
+    tt._in_flight.append((Untouchable(), object(), 1))
     tt._held[0] = len(tt._in_flight)
     try:
         pid = os.fork()
@@ -178,29 +189,43 @@ def _stand_in_torch(capturing=False):
     remember their stream, a capture flag."""
     import types
 
+    strided, sparse = object(), object()
+    synced = []
+
     class Tensor:
-        def __init__(self, ptr, cuda):
+        def __init__(self, ptr, cuda, layout=strided):
             self.ptr, self.is_cuda, self.device = ptr, cuda, "cuda:0" if cuda else "cpu"
+            self.layout, self.nbytes = layout, 4096
 
         def numel(self):
             return 1
 
         def untyped_storage(self):
+            if self.layout is not strided:
+                raise NotImplementedError("no storage")
             return types.SimpleNamespace(data_ptr=lambda: self.ptr)
 
     class Event:
+        fail = False
+
         def record(self, stream):
+            if Event.fail:
+                raise RuntimeError("CUDA error")
             self.stream = stream
 
         def query(self):
             return False
 
+    class Stream(tuple):
+        def synchronize(self):
+            synced.append(self)
+
     cuda = types.SimpleNamespace(
         Event=Event,
-        current_stream=lambda device: ("stream of", device),
+        current_stream=lambda device: Stream(("stream of", device)),
         is_current_stream_capturing=lambda: capturing,
     )
-    return types.SimpleNamespace(Tensor=Tensor, cuda=cuda)
+    return types.SimpleNamespace(Tensor=Tensor, cuda=cuda, strided=strided, sparse=sparse, synced=synced)
 
 
 def test_only_sources_on_blocks_of_ours_are_held(monkeypatch):
@@ -220,6 +245,7 @@ def test_only_sources_on_blocks_of_ours_are_held(monkeypatch):
         foreign = ctypes.create_string_buffer(1 << 16)
         monkeypatch.setattr(tt, "_in_flight", __import__("collections").deque())
         monkeypatch.setattr(tt, "_held", [0])
+        monkeypatch.setattr(tt, "_held_bytes", [0])
         torch = _stand_in_torch()
         dst = torch.Tensor(0, cuda=True)
         for src in (torch.Tensor(ctypes.addressof(foreign), cuda=False),
@@ -234,7 +260,12 @@ def test_only_sources_on_blocks_of_ours_are_held(monkeypatch):
         src = torch.Tensor(block.ctypes.data, cuda=False)
         tt._keep_until_copied(src, dst, torch)
         assert tt.in_flight() == 1
-        ev, held = tt._in_flight[0]
-        assert held is src and ev.stream == ("stream of", "cuda:0")
+        ev, held, nbytes = tt._in_flight[0]
+        assert held is src and ev.stream == ("stream of", "cuda:0") and nbytes == src.nbytes
+        tt._keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False, layout=torch.sparse), dst, torch)
+        assert tt.in_flight() == 1 and not torch.synced, "a sparse source: nothing to hold, no error"
+        type(ev).fail = True  # recording fails: the stream is synchronised instead, no error
+        tt._keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False), dst, torch)
+        assert tt.in_flight() == 1 and torch.synced == [("stream of", "cuda:0")]
     finally:
         ump_alloc.disable()

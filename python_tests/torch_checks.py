@@ -665,6 +665,7 @@ def _nonblocking_trials(torch, x, ways, drop_guard):
             with tt._in_flight_lock:
                 tt._in_flight.clear()
                 tt._held[0] = 0
+                tt._held_bytes[0] = 0
         y = np.full(x.size, -1.0)
         reused += y.ctypes.data == p
         torch.cuda.synchronize()
@@ -693,12 +694,14 @@ def nonblocking_h2d_keeps_its_source():
         lambda t: t.cuda(non_blocking=True),
         lambda t: t.to("cuda", non_blocking=True),
         lambda t: t.to(torch.device("cuda"), torch.float64, True),
+        # Module.to(non_blocking=True) moves Parameters this way
+        lambda t: torch.nn.Parameter(t, requires_grad=False).to("cuda", None, True),
     ]
     wrong, reused = _nonblocking_trials(torch, x, ways, drop_guard=True)
-    print(f"control, guard dropped: {wrong}/9 wrong copies, {reused}/9 reused at once")
+    print(f"control, guard dropped: {wrong}/12 wrong copies, {reused}/12 reused at once")
     assert wrong > 0 and reused > 0, "the control did not reproduce the race: the check cannot fail"
     wrong, reused = _nonblocking_trials(torch, x, ways, drop_guard=False)
-    print(f"guarded: {wrong}/9 wrong copies, {reused}/9 reused at once, {tt.in_flight()} held")
+    print(f"guarded: {wrong}/12 wrong copies, {reused}/12 reused at once, {tt.in_flight()} held")
     assert wrong == 0 and reused == 0, (wrong, reused)
     torch.cuda.synchronize()
     torch.ones(4).to("cuda", non_blocking=True)  # PyTorch's memory: not held; lets go of the rest

@@ -49,12 +49,14 @@ MIN_BYTES = 1 << 20
 
 _orig: dict = {}
 _state = {"fast_cpu": False, "unified": False}
-# (event, source tensor) of non_blocking copies to the GPU from ump-alloc's pinned memory, in
-# the order they were made; a source is dropped once its event has completed.
+# (event, source tensor, its bytes) of non_blocking copies to the GPU from ump-alloc's memory,
+# in the order they were made; a source is dropped once its event has completed.
 _in_flight: collections.deque = collections.deque()
 _in_flight_lock = threading.Lock()
 # len(_in_flight), as a plain int the fast paths (and torch.compile's tracer) read cheaply.
 _held = [0]
+# Bytes of the sources held.
+_held_bytes = [0]
 # What a fork child inherited in flight: its events belong to the parent's CUDA context, which
 # the child cannot use (not even to destroy them), so the child keeps them, untouched, to exit.
 _inherited: list = []
@@ -67,6 +69,7 @@ def _after_fork_in_child() -> None:
     _in_flight = collections.deque()
     _in_flight_lock = threading.Lock()
     _held[0] = 0
+    _held_bytes[0] = 0
 
 
 if hasattr(os, "register_at_fork"):
@@ -267,15 +270,15 @@ def _to_cpu_maybe(args, kwargs, torch) -> bool:
 def _to(self, *args, **kwargs):
     torch = _orig["torch"]
     if type(self) is not torch.Tensor:
-        # Subclasses (FakeTensor under torch.compile, with symbolic sizes) keep PyTorch's path.
+        # Subclasses (FakeTensor under torch.compile, with symbolic sizes) keep PyTorch's path;
+        # a Parameter's non_blocking copy to the GPU (Module.to) is guarded like a tensor's.
+        if type(self) is torch.nn.Parameter and not self.is_cuda and _non_blocking(args, kwargs) and not _tracing(torch):
+            return _guarded(_orig["to"], self, args, kwargs, torch)
         return _orig["to"](self, *args, **kwargs)
     if not self.is_cuda and (_held[0] or _non_blocking(args, kwargs)) and not _tracing(torch):
-        if _held[0]:
-            _drop_copied()
         if _non_blocking(args, kwargs):
-            r = _orig["to"](self, *args, **kwargs)
-            _keep_until_copied(self, r, torch)
-            return r
+            return _guarded(_orig["to"], self, args, kwargs, torch)
+        _drop_now_and_then()
     if _state["unified"]:
         if not set(kwargs) <= _TO_KEYS:
             return _orig["to"](self, *args, **kwargs)
@@ -303,54 +306,95 @@ def _to(self, *args, **kwargs):
 
 def _cuda(self, *args, **kwargs):
     torch = _orig["torch"]
-    if type(self) is not torch.Tensor or self.is_cuda or not (_held[0] or _non_blocking(args, kwargs)) or _tracing(torch):
+    cls = type(self)
+    if (
+        (cls is not torch.Tensor and cls is not torch.nn.Parameter)
+        or self.is_cuda
+        or not (_held[0] or _non_blocking(args, kwargs))
+        or _tracing(torch)
+    ):
         return _orig["cuda"](self, *args, **kwargs)
-    if _held[0]:
-        _drop_copied()
-    r = _orig["cuda"](self, *args, **kwargs)
     if _non_blocking(args, kwargs):
-        _keep_until_copied(self, r, torch)
-    return r
+        return _guarded(_orig["cuda"], self, args, kwargs, torch)
+    _drop_now_and_then()
+    return _orig["cuda"](self, *args, **kwargs)
 
 
 # ---- non_blocking copies to the GPU ----------------------------------------------------------
 
+# Other .to/.cuda calls of CPU tensors look at the held sources once every this many calls
+# (the non_blocking ones every time): a held source goes soon, and the common calls stay cheap.
+_DROP_EVERY = 64
+_calls = [0]
+# Past this many bytes held, the oldest copies are waited for (what a pageable copy costs).
+HOLD_CAP_BYTES = 1 << 30
+
 
 def _non_blocking(args, kwargs) -> bool:
     """Whether a ``.to``/``.cuda`` call may ask for ``non_blocking`` (cheap, no parsing; a
-    positional ``True`` may also be ``copy``, which only keeps a source alive a little longer)."""
+    positional ``True`` may also be ``copy``, which only keeps a source alive a little longer).
+    NumPy's ``True_`` counts, as PyTorch takes it."""
     if kwargs and kwargs.get("non_blocking", False):
         return True
     for a in args:
-        if a is True:
+        if a is True or (type(a).__name__ in ("bool", "bool_") and a):
             return True
     return False
 
 
-def _keep_until_copied(src, dst, torch) -> None:
-    """``dst`` is a CUDA copy of CPU tensor ``src`` made with ``non_blocking``: where ``src`` is
-    ump-alloc's pinned memory the DMA may not have read it yet, so ``src`` (and the NumPy buffer
-    under it) stays alive until an event recorded after the copy on ``dst``'s current stream has
-    completed."""
-    if dst is src or type(dst) is not torch.Tensor or not dst.is_cuda or src.numel() == 0:
-        return
-    if torch.cuda.is_current_stream_capturing():
-        # A CUDA graph's copy node reads the source at every replay: keeping it is the
-        # program's business, and an event recorded or queried now would join the capture.
-        return
-    # ump_owns: a registry lookup (no driver call, unlike identify's for PyTorch's own pinned
-    # memory: 0.3 against 4.5 us). It knows block starts: a tensor made with torch.from_numpy
-    # of a whole array, the case of a dropped temporary. A block of ours not pinned (made
-    # before the first use of a GPU) is held too, harmlessly: its copy was synchronous.
-    from . import _lib
+def _guarded(fn, src, args, kwargs, torch):
+    """``fn(src, ...)``, a ``non_blocking`` copy of CPU tensor ``src`` (maybe to the GPU), with
+    ``src`` kept until the copy ran where that matters."""
+    if _held[0]:
+        _drop_copied()
+    dst = fn(src, *args, **kwargs)
+    _keep_until_copied(src, dst, torch)
+    return dst
 
-    if not _lib.lib().ump_owns(_ctypes_ptr(src.untyped_storage().data_ptr())):
-        return  # PyTorch's own memory, plain host memory, or a view into a block
-    ev = torch.cuda.Event()
-    ev.record(torch.cuda.current_stream(dst.device))
+
+def _drop_now_and_then() -> None:
+    _calls[0] += 1
+    if _held[0] and _calls[0] % _DROP_EVERY == 0:
+        _drop_copied()
+
+
+def _keep_until_copied(src, dst, torch) -> None:
+    """``dst`` is a copy of CPU tensor ``src`` made with ``non_blocking``: when ``dst`` is on a
+    GPU and ``src``'s storage starts at a block of ump-alloc's, the DMA may not have read it yet,
+    so ``src`` (and the NumPy buffer under it) stays alive until an event recorded after the copy
+    on ``dst``'s current stream has completed. Never raises: where holding fails, the stream is
+    synchronised instead (the copy is then done)."""
+    if dst is src or not isinstance(dst, torch.Tensor) or not dst.is_cuda:
+        return
+    try:
+        if src.layout is not torch.strided or src.numel() == 0:
+            return  # sparse and other layouts have no single storage to hold
+        if torch.cuda.is_current_stream_capturing():
+            # A CUDA graph's copy node reads the source at every replay: keeping it is the
+            # program's business, and an event recorded or queried now would join the capture.
+            return
+        # ump_owns: a registry lookup (no driver call, unlike identify's for PyTorch's own
+        # pinned memory: about 1 against 4.5 us). It knows block starts: a tensor made with
+        # torch.from_numpy of a whole array, the case of a dropped temporary. A block of ours
+        # not pinned (made before the first use of a GPU) is held too, harmlessly.
+        from . import _lib
+
+        if not _lib.lib().ump_owns(_ctypes_ptr(src.untyped_storage().data_ptr())):
+            return  # PyTorch's own memory, plain host memory, or a view into a block
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(dst.device))
+    except Exception:  # noqa: BLE001 - the copy must stay safe, and the call must not raise
+        try:
+            torch.cuda.current_stream(dst.device).synchronize()
+        except Exception:  # noqa: BLE001 - a lost context: nothing left to protect
+            pass
+        return
     with _in_flight_lock:
-        _in_flight.append((ev, src))
+        _in_flight.append((ev, src, src.nbytes))
         _held[0] = len(_in_flight)
+        _held_bytes[0] += src.nbytes
+    if _held_bytes[0] > HOLD_CAP_BYTES:
+        _drop_copied(wait_over=HOLD_CAP_BYTES)
 
 
 def _ctypes_ptr(addr: int):
@@ -359,16 +403,30 @@ def _ctypes_ptr(addr: int):
     return ctypes.c_void_p(addr)
 
 
-def _drop_copied() -> None:
-    """Let go of the sources whose copies have completed (oldest first; a later one waits for
-    the first that has not)."""
+def _drop_copied(wait_over: int | None = None) -> None:
+    """Let go of every source whose copy has completed (each by its own event: copies on other
+    streams do not wait for each other). With ``wait_over``, first wait for the oldest copies
+    until at most that many bytes stay held."""
     torch = _orig.get("torch")
     if torch is not None and torch.cuda.is_current_stream_capturing():
         return  # querying an event now would be refused (or join the capture): later
     done = []
     with _in_flight_lock:
-        while _in_flight and _in_flight[0][0].query():
-            done.append(_in_flight.popleft())
+        try:
+            while wait_over is not None and _in_flight and _held_bytes[0] > wait_over:
+                ev, src, n = _in_flight.popleft()
+                ev.synchronize()
+                done.append(src)
+                _held_bytes[0] -= n
+            for _ in range(len(_in_flight)):
+                entry = _in_flight.popleft()
+                if entry[0].query():
+                    done.append(entry[1])
+                    _held_bytes[0] -= entry[2]
+                else:
+                    _in_flight.append(entry)
+        except Exception:  # noqa: BLE001 - a lost context: keep what is left, never raise here
+            pass
         _held[0] = len(_in_flight)
     del done  # the tensors (and NumPy's buffers) are released here, outside the lock
 
