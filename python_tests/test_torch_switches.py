@@ -203,7 +203,7 @@ def _stand_in_torch(capturing=False):
         def untyped_storage(self):
             if self.layout is not strided:
                 raise NotImplementedError("no storage")
-            return types.SimpleNamespace(data_ptr=lambda: self.ptr)
+            return types.SimpleNamespace(data_ptr=lambda: self.ptr, of=self)
 
     class Event:
         fail = False
@@ -229,8 +229,9 @@ def _stand_in_torch(capturing=False):
 
 
 def test_only_sources_on_blocks_of_ours_are_held(monkeypatch):
-    """The guard holds a CPU source whose storage starts at a block of ump-alloc's, with an
-    event on the destination's current stream; foreign memory, a view into a block, a CUDA
+    """The guard holds the storage of a CPU source that starts at a block of ump-alloc's (the
+    storage: Module.to swaps a Parameter's data away), with an event on the destination's
+    current stream; foreign memory, a view into a block, a CUDA
     source and a copy made during a CUDA graph capture hold nothing."""
     import ctypes
 
@@ -261,7 +262,7 @@ def test_only_sources_on_blocks_of_ours_are_held(monkeypatch):
         tt._keep_until_copied(src, dst, torch)
         assert tt.in_flight() == 1
         ev, held, nbytes = tt._in_flight[0]
-        assert held is src and ev.stream == ("stream of", "cuda:0") and nbytes == src.nbytes
+        assert held.of is src and ev.stream == ("stream of", "cuda:0") and nbytes == src.nbytes, "its storage"
         tt._keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False, layout=torch.sparse), dst, torch)
         assert tt.in_flight() == 1 and not torch.synced, "a sparse source: nothing to hold, no error"
         type(ev).fail = True  # recording fails: the stream is synchronised instead, no error

@@ -49,7 +49,7 @@ MIN_BYTES = 1 << 20
 
 _orig: dict = {}
 _state = {"fast_cpu": False, "unified": False}
-# (event, source tensor, its bytes) of non_blocking copies to the GPU from ump-alloc's memory,
+# (event, source storage, its bytes) of non_blocking copies to the GPU from ump-alloc's memory,
 # in the order they were made; a source is dropped once its event has completed.
 _in_flight: collections.deque = collections.deque()
 _in_flight_lock = threading.Lock()
@@ -361,8 +361,8 @@ def _drop_now_and_then() -> None:
 def _keep_until_copied(src, dst, torch) -> None:
     """``dst`` is a copy of CPU tensor ``src`` made with ``non_blocking``: when ``dst`` is on a
     GPU and ``src``'s storage starts at a block of ump-alloc's, the DMA may not have read it yet,
-    so ``src`` (and the NumPy buffer under it) stays alive until an event recorded after the copy
-    on ``dst``'s current stream has completed. Never raises: where holding fails, the stream is
+    so ``src``'s storage (and the NumPy buffer under it) stays alive until an event recorded after
+    the copy on ``dst``'s current stream has completed. Never raises: where holding fails, the stream is
     synchronised instead (the copy is then done)."""
     if dst is src or not isinstance(dst, torch.Tensor) or not dst.is_cuda:
         return
@@ -379,7 +379,10 @@ def _keep_until_copied(src, dst, torch) -> None:
         # not pinned (made before the first use of a GPU) is held too, harmlessly.
         from . import _lib
 
-        if not _lib.lib().ump_owns(_ctypes_ptr(src.untyped_storage().data_ptr())):
+        # The storage, not the tensor: Module.to swaps a Parameter's data for the copy's, and
+        # the Parameter object would then hold nothing of the source.
+        storage = src.untyped_storage()
+        if not _lib.lib().ump_owns(_ctypes_ptr(storage.data_ptr())):
             return  # PyTorch's own memory, plain host memory, or a view into a block
         ev = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(dst.device))
@@ -390,7 +393,7 @@ def _keep_until_copied(src, dst, torch) -> None:
             pass
         return
     with _in_flight_lock:
-        _in_flight.append((ev, src, src.nbytes))
+        _in_flight.append((ev, storage, src.nbytes))
         _held[0] = len(_in_flight)
         _held_bytes[0] += src.nbytes
     if _held_bytes[0] > HOLD_CAP_BYTES:
