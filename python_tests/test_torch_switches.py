@@ -4,6 +4,7 @@ info``, and the layout rule the fast ``.cpu()`` uses (no PyTorch needed)."""
 import pytest
 
 from conftest import run_python
+from ump_alloc import _torch_async as ta
 from ump_alloc import _torch_transfer as tt
 
 SWITCHES = ("UMP_ALLOC_TORCH_FAST_CPU", "UMP_ALLOC_TORCH_UNIFIED")
@@ -119,74 +120,85 @@ def test_a_refused_switch_leaves_pytorch_as_it_was():
     ],
 )
 def test_non_blocking_flag_is_found_without_parsing(args, kwargs, want):
-    assert tt._non_blocking(args, kwargs) is want
+    assert ta.non_blocking(args, kwargs) is want
 
 
 class _Event:
     def __init__(self, done):
         self.done = done
+        self.waited = False
 
     def query(self):
         return self.done
 
+    def synchronize(self):
+        self.waited = True
 
-def test_sources_are_let_go_once_copied(monkeypatch):
-    """Sources of non_blocking copies go once their own events complete (copies on other
-    streams do not wait for each other); past the cap the oldest copies are waited for; a
-    context lost (queries raising) keeps what is left and raises nothing."""
-    import collections
 
-    monkeypatch.setattr(tt, "_in_flight", collections.deque())
-    monkeypatch.setattr(tt, "_held", [0])
-    monkeypatch.setattr(tt, "_held_bytes", [0])
-    first, second, third = _Event(True), _Event(False), _Event(True)
-    for e in (first, second, third):
-        tt._in_flight.append((e, object(), 100))
-    tt._held[0], tt._held_bytes[0] = 3, 300
-    tt._drop_copied()
-    assert tt.in_flight() == 1 and tt._in_flight[0][0] is second and tt._held_bytes[0] == 100
-    waited = []
-    second.synchronize = lambda: waited.append(second)
-    tt._in_flight.append((_Event(False), object(), 100))
-    tt._held[0], tt._held_bytes[0] = 2, 200
-    tt._drop_copied(wait_over=100)
-    assert waited == [second] and tt.in_flight() == 1 and tt._held_bytes[0] == 100
+@pytest.fixture
+def fresh_async(monkeypatch):
+    """The guard's state, empty, for one test."""
+    import threading
+
+    monkeypatch.setattr(ta, "_by_stream", {})
+    monkeypatch.setattr(ta, "_lock", threading.RLock())
+    monkeypatch.setattr(ta, "_held", [0])
+    monkeypatch.setattr(ta, "_held_bytes", [0])
+    return ta
+
+
+def test_sources_are_let_go_stream_by_stream(fresh_async):
+    """A stream's copies complete in order: letting go stops at its first copy not done, and
+    other streams do not wait for it. Past the cap the oldest copies are waited for (outside
+    the lock). A lost context (queries raising) keeps what it holds and raises nothing."""
+    a1, a2, b1 = _Event(True), _Event(False), _Event(True)
+    a3 = _Event(True)  # done, but behind a2 on stream a: kept until a2 is
+    ta.hold("a", a1, "A1", 100)
+    ta.hold("a", a2, "A2", 100)
+    ta.hold("a", a3, "A3", 100)
+    ta.hold("b", b1, "B1", 100)
+    ta.drop_copied()
+    assert ta.held() == 2 and ta._held_bytes[0] == 200 and [e[1] for e in ta._by_stream["a"]] == ["A2", "A3"]
+    assert "b" not in ta._by_stream
+    ta.hold("c", _Event(False), "C1", 100)
+    ta.drop_copied(wait_over=100)  # waits for the oldest: A2, then A3
+    assert a2.waited and a3.waited and ta.held() == 1 and ta._held_bytes[0] == 100
 
     class Lost:
         def query(self):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    tt._in_flight.append((Lost(), object(), 100))
-    tt._drop_copied()  # raises nothing
+    ta.hold("d", Lost(), "D1", 100)
+    ta.drop_copied()  # raises nothing
+    assert ta.held() == 2 and [e[1] for e in ta._by_stream["d"]] == ["D1"], "kept while nothing is known"
 
 
-def test_fork_child_keeps_what_was_in_flight_untouched():
+def test_fork_child_keeps_what_was_in_flight_untouched(fresh_async):
     """A fork child cannot query (or destroy) the parent's CUDA events: it starts with nothing
-    in flight and keeps the inherited entries, never asking them anything."""
+    held and keeps the inherited entries, never asking them anything."""
     import os
 
     class Untouchable:
         def query(self):
             os._exit(3)  # asked in the child: the test fails
 
-    tt._in_flight.append((Untouchable(), object(), 1))
-    tt._held[0] = len(tt._in_flight)
-    try:
-        pid = os.fork()
-        if pid == 0:
-            ok = tt.in_flight() == 0 and not tt._in_flight and tt._inherited
-            tt._drop_copied()
-            os._exit(0 if ok else 4)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-    finally:
-        tt._in_flight.clear()
-        tt._held[0] = 0
+    ta.hold("a", Untouchable(), "A1", 1)
+    pid = os.fork()
+    if pid == 0:
+        code = 4
+        try:
+            ok = ta.held() == 0 and not ta._by_stream and ta._inherited
+            ta.drop_copied()
+            code = 0 if ok else 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def _stand_in_torch(capturing=False):
-    """Just enough of PyTorch for ``_keep_until_copied``: tensors over an address, events that
-    remember their stream, a capture flag."""
+    """Just enough of PyTorch for ``keep_until_copied``: tensors over an address, events that
+    remember their stream, streams that count their synchronisations, a capture flag."""
     import types
 
     strided, sparse = object(), object()
@@ -216,23 +228,27 @@ def _stand_in_torch(capturing=False):
         def query(self):
             return False
 
-    class Stream(tuple):
+    class Stream:
+        device_index, cuda_stream = 0, 1234
+
         def synchronize(self):
             synced.append(self)
 
+    stream = Stream()
     cuda = types.SimpleNamespace(
         Event=Event,
-        current_stream=lambda device: Stream(("stream of", device)),
+        current_stream=lambda device: stream,
         is_current_stream_capturing=lambda: capturing,
     )
-    return types.SimpleNamespace(Tensor=Tensor, cuda=cuda, strided=strided, sparse=sparse, synced=synced)
+    return types.SimpleNamespace(Tensor=Tensor, cuda=cuda, strided=strided, sparse=sparse, synced=synced,
+                                 stream=stream)
 
 
-def test_only_sources_on_blocks_of_ours_are_held(monkeypatch):
+def test_only_sources_on_blocks_of_ours_are_held(fresh_async):
     """The guard holds the storage of a CPU source that starts at a block of ump-alloc's (the
     storage: Module.to swaps a Parameter's data away), with an event on the destination's
-    current stream; foreign memory, a view into a block, a CUDA
-    source and a copy made during a CUDA graph capture hold nothing."""
+    current stream; foreign memory, a view into a block, a copy to the CPU, a sparse source and
+    a copy made during a CUDA graph capture hold nothing; a failed hold synchronises."""
     import ctypes
 
     import numpy as np
@@ -244,29 +260,27 @@ def test_only_sources_on_blocks_of_ours_are_held(monkeypatch):
         block = np.ones(1 << 16)
         assert ump_alloc.handles(block)
         foreign = ctypes.create_string_buffer(1 << 16)
-        monkeypatch.setattr(tt, "_in_flight", __import__("collections").deque())
-        monkeypatch.setattr(tt, "_held", [0])
-        monkeypatch.setattr(tt, "_held_bytes", [0])
         torch = _stand_in_torch()
         dst = torch.Tensor(0, cuda=True)
         for src in (torch.Tensor(ctypes.addressof(foreign), cuda=False),
                     torch.Tensor(block.ctypes.data + 8, cuda=False)):
-            tt._keep_until_copied(src, dst, torch)
-        assert tt.in_flight() == 0
-        tt._keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False), torch.Tensor(0, cuda=False), torch)
-        assert tt.in_flight() == 0, "a copy to the CPU holds nothing"
+            ta.keep_until_copied(src, dst, torch)
+        assert ta.held() == 0
+        ta.keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False), torch.Tensor(0, cuda=False), torch)
+        assert ta.held() == 0, "a copy to the CPU holds nothing"
         capturing = _stand_in_torch(capturing=True)
-        tt._keep_until_copied(capturing.Tensor(block.ctypes.data, cuda=False), capturing.Tensor(0, cuda=True), capturing)
-        assert tt.in_flight() == 0, "nothing recorded during a capture"
+        ta.keep_until_copied(capturing.Tensor(block.ctypes.data, cuda=False), capturing.Tensor(0, cuda=True), capturing)
+        assert ta.held() == 0, "nothing recorded during a capture"
         src = torch.Tensor(block.ctypes.data, cuda=False)
-        tt._keep_until_copied(src, dst, torch)
-        assert tt.in_flight() == 1
-        ev, held, nbytes = tt._in_flight[0]
-        assert held.of is src and ev.stream == ("stream of", "cuda:0") and nbytes == src.nbytes, "its storage"
-        tt._keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False, layout=torch.sparse), dst, torch)
-        assert tt.in_flight() == 1 and not torch.synced, "a sparse source: nothing to hold, no error"
+        ta.keep_until_copied(src, dst, torch)
+        assert ta.held() == 1
+        ((key, q),) = ta._by_stream.items()
+        ev, storage, nbytes, _ = q[0]
+        assert key == (0, 1234) and storage.of is src and ev.stream is torch.stream and nbytes == src.nbytes
+        ta.keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False, layout=torch.sparse), dst, torch)
+        assert ta.held() == 1 and not torch.synced, "a sparse source: nothing to hold, no error"
         type(ev).fail = True  # recording fails: the stream is synchronised instead, no error
-        tt._keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False), dst, torch)
-        assert tt.in_flight() == 1 and torch.synced == [("stream of", "cuda:0")]
+        ta.keep_until_copied(torch.Tensor(block.ctypes.data, cuda=False), dst, torch)
+        assert ta.held() == 1 and torch.synced == [torch.stream]
     finally:
         ump_alloc.disable()

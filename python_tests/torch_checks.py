@@ -652,7 +652,7 @@ def _nonblocking_trials(torch, x, ways, drop_guard):
     """Copy a NumPy temporary of ``x`` to the GPU with each of ``ways`` (non_blocking) behind a
     busy stream, drop it at once and write -1 into a new array of its size: (wrong copies,
     temporaries whose memory the new array got at once)."""
-    from ump_alloc import _torch_transfer as tt
+    from ump_alloc import _torch_async as ta
 
     wrong = reused = 0
     for way in ways * 3:
@@ -662,10 +662,9 @@ def _nonblocking_trials(torch, x, ways, drop_guard):
         g = way(torch.from_numpy(tmp))
         del tmp
         if drop_guard:  # the control: what happens without the guard
-            with tt._in_flight_lock:
-                tt._in_flight.clear()
-                tt._held[0] = 0
-                tt._held_bytes[0] = 0
+            with ta._lock:
+                ta._by_stream.clear()
+                ta._held[0] = ta._held_bytes[0] = 0
         y = np.full(x.size, -1.0)
         reused += y.ctypes.data == p
         torch.cuda.synchronize()

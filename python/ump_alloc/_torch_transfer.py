@@ -26,55 +26,20 @@ lives while either tensor does; GPU kernels on pinned host memory read it over P
 memory fault pages over (about 7 GB/s), so it wins for data touched once and loses for data
 reused many times (docs/BENCHMARKS.md).
 
-**``non_blocking=True`` copies to the GPU** (always on): on pageable memory PyTorch's
-``.to("cuda", non_blocking=True)`` and ``.cuda(non_blocking=True)`` have read the source before
-they return, so a program may drop the source at once (``torch.from_numpy(a * 2).cuda(
-non_blocking=True)``). On ump-alloc's pinned host side the copy is a real asynchronous DMA, and
-NumPy would reuse the freed memory before the copy reads it (measured on the H200: 6 of 6
-copies corrupted). So the source tensor of such a copy from a block of ump-alloc's (its storage
-starting at the block: ``torch.from_numpy`` of a whole array) is kept alive until an event
-recorded after the copy on its stream completes, as PyTorch's own pinned allocator does for its
-blocks. ``Tensor.copy_(src, non_blocking=True)`` is PyTorch's own and is
-not covered: keep its source alive until the stream is synchronised, as with any pinned memory.
+**``non_blocking=True`` copies to the GPU** (always on): a copy from a CPU tensor or Parameter
+whose storage starts at a block of ump-alloc's keeps that storage until the copy ran, where on
+pinned memory NumPy would otherwise reuse it first (``_torch_async``).
 """
 
 from __future__ import annotations
 
-import collections
-import os
-import threading
+from . import _torch_async as _async
 
 # Below this, the copy is latency-bound and PyTorch's own path is as fast.
 MIN_BYTES = 1 << 20
 
 _orig: dict = {}
 _state = {"fast_cpu": False, "unified": False}
-# (event, source storage, its bytes) of non_blocking copies to the GPU from ump-alloc's memory,
-# in the order they were made; a source is dropped once its event has completed.
-_in_flight: collections.deque = collections.deque()
-_in_flight_lock = threading.Lock()
-# len(_in_flight), as a plain int the fast paths (and torch.compile's tracer) read cheaply.
-_held = [0]
-# Bytes of the sources held.
-_held_bytes = [0]
-# What a fork child inherited in flight: its events belong to the parent's CUDA context, which
-# the child cannot use (not even to destroy them), so the child keeps them, untouched, to exit.
-_inherited: list = []
-
-
-def _after_fork_in_child() -> None:
-    global _in_flight, _in_flight_lock
-    if _in_flight:
-        _inherited.append(_in_flight)
-    _in_flight = collections.deque()
-    _in_flight_lock = threading.Lock()
-    _held[0] = 0
-    _held_bytes[0] = 0
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
 
 def install(torch, fast_cpu: bool, unified: bool) -> None:
     """Patch ``torch.Tensor.cpu``/``to``/``numpy`` (once) for the switches given (``_torch.install``
@@ -92,8 +57,9 @@ def install(torch, fast_cpu: bool, unified: bool) -> None:
 
 
 def uninstall() -> None:
-    """Restore PyTorch's methods."""
+    """Restore PyTorch's methods (waiting for the non_blocking copies whose sources are held)."""
     if _orig:
+        _async.release_all(_orig["torch"])
         T = _orig["torch"].Tensor
         T.cpu, T.to, T.numpy, T.cuda = _orig["cpu"], _orig["to"], _orig["numpy"], _orig["cuda"]
         _orig.clear()
@@ -272,13 +238,18 @@ def _to(self, *args, **kwargs):
     if type(self) is not torch.Tensor:
         # Subclasses (FakeTensor under torch.compile, with symbolic sizes) keep PyTorch's path;
         # a Parameter's non_blocking copy to the GPU (Module.to) is guarded like a tensor's.
-        if type(self) is torch.nn.Parameter and not self.is_cuda and _non_blocking(args, kwargs) and not _tracing(torch):
-            return _guarded(_orig["to"], self, args, kwargs, torch)
+        if (
+            issubclass(type(self), torch.nn.Parameter)
+            and not self.is_cuda
+            and _async.non_blocking(args, kwargs)
+            and not _tracing(torch)
+        ):
+            return _async.guarded(_orig["to"], self, args, kwargs, torch)
         return _orig["to"](self, *args, **kwargs)
-    if not self.is_cuda and (_held[0] or _non_blocking(args, kwargs)) and not _tracing(torch):
-        if _non_blocking(args, kwargs):
-            return _guarded(_orig["to"], self, args, kwargs, torch)
-        _drop_now_and_then()
+    if not self.is_cuda and (_async._held[0] or _async.non_blocking(args, kwargs)) and not _tracing(torch):
+        if _async.non_blocking(args, kwargs):
+            return _async.guarded(_orig["to"], self, args, kwargs, torch)
+        _async.drop_now_and_then(torch)
     if _state["unified"]:
         if not set(kwargs) <= _TO_KEYS:
             return _orig["to"](self, *args, **kwargs)
@@ -308,135 +279,21 @@ def _cuda(self, *args, **kwargs):
     torch = _orig["torch"]
     cls = type(self)
     if (
-        (cls is not torch.Tensor and cls is not torch.nn.Parameter)
+        (cls is not torch.Tensor and not issubclass(cls, torch.nn.Parameter))
         or self.is_cuda
-        or not (_held[0] or _non_blocking(args, kwargs))
+        or not (_async._held[0] or _async.non_blocking(args, kwargs))
         or _tracing(torch)
     ):
         return _orig["cuda"](self, *args, **kwargs)
-    if _non_blocking(args, kwargs):
-        return _guarded(_orig["cuda"], self, args, kwargs, torch)
-    _drop_now_and_then()
+    if _async.non_blocking(args, kwargs):
+        return _async.guarded(_orig["cuda"], self, args, kwargs, torch)
+    _async.drop_now_and_then(torch)
     return _orig["cuda"](self, *args, **kwargs)
 
 
-# ---- non_blocking copies to the GPU ----------------------------------------------------------
-
-# Other .to/.cuda calls of CPU tensors look at the held sources once every this many calls
-# (the non_blocking ones every time): a held source goes soon, and the common calls stay cheap.
-_DROP_EVERY = 64
-_calls = [0]
-# Past this many bytes held, the oldest copies are waited for (what a pageable copy costs).
-HOLD_CAP_BYTES = 1 << 30
-
-
-def _non_blocking(args, kwargs) -> bool:
-    """Whether a ``.to``/``.cuda`` call may ask for ``non_blocking`` (cheap, no parsing; a
-    positional ``True`` may also be ``copy``, which only keeps a source alive a little longer).
-    NumPy's ``True_`` counts, as PyTorch takes it."""
-    if kwargs and kwargs.get("non_blocking", False):
-        return True
-    for a in args:
-        if a is True or (type(a).__name__ in ("bool", "bool_") and a):
-            return True
-    return False
-
-
-def _guarded(fn, src, args, kwargs, torch):
-    """``fn(src, ...)``, a ``non_blocking`` copy of CPU tensor ``src`` (maybe to the GPU), with
-    ``src`` kept until the copy ran where that matters."""
-    if _held[0]:
-        _drop_copied()
-    dst = fn(src, *args, **kwargs)
-    _keep_until_copied(src, dst, torch)
-    return dst
-
-
-def _drop_now_and_then() -> None:
-    _calls[0] += 1
-    if _held[0] and _calls[0] % _DROP_EVERY == 0:
-        _drop_copied()
-
-
-def _keep_until_copied(src, dst, torch) -> None:
-    """``dst`` is a copy of CPU tensor ``src`` made with ``non_blocking``: when ``dst`` is on a
-    GPU and ``src``'s storage starts at a block of ump-alloc's, the DMA may not have read it yet,
-    so ``src``'s storage (and the NumPy buffer under it) stays alive until an event recorded after
-    the copy on ``dst``'s current stream has completed. Never raises: where holding fails, the stream is
-    synchronised instead (the copy is then done)."""
-    if dst is src or not isinstance(dst, torch.Tensor) or not dst.is_cuda:
-        return
-    try:
-        if src.layout is not torch.strided or src.numel() == 0:
-            return  # sparse and other layouts have no single storage to hold
-        if torch.cuda.is_current_stream_capturing():
-            # A CUDA graph's copy node reads the source at every replay: keeping it is the
-            # program's business, and an event recorded or queried now would join the capture.
-            return
-        # ump_owns: a registry lookup (no driver call, unlike identify's for PyTorch's own
-        # pinned memory: about 1 against 4.5 us). It knows block starts: a tensor made with
-        # torch.from_numpy of a whole array, the case of a dropped temporary. A block of ours
-        # not pinned (made before the first use of a GPU) is held too, harmlessly.
-        from . import _lib
-
-        # The storage, not the tensor: Module.to swaps a Parameter's data for the copy's, and
-        # the Parameter object would then hold nothing of the source.
-        storage = src.untyped_storage()
-        if not _lib.lib().ump_owns(_ctypes_ptr(storage.data_ptr())):
-            return  # PyTorch's own memory, plain host memory, or a view into a block
-        ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream(dst.device))
-    except Exception:  # noqa: BLE001 - the copy must stay safe, and the call must not raise
-        try:
-            torch.cuda.current_stream(dst.device).synchronize()
-        except Exception:  # noqa: BLE001 - a lost context: nothing left to protect
-            pass
-        return
-    with _in_flight_lock:
-        _in_flight.append((ev, storage, src.nbytes))
-        _held[0] = len(_in_flight)
-        _held_bytes[0] += src.nbytes
-    if _held_bytes[0] > HOLD_CAP_BYTES:
-        _drop_copied(wait_over=HOLD_CAP_BYTES)
-
-
-def _ctypes_ptr(addr: int):
-    import ctypes
-
-    return ctypes.c_void_p(addr)
-
-
-def _drop_copied(wait_over: int | None = None) -> None:
-    """Let go of every source whose copy has completed (each by its own event: copies on other
-    streams do not wait for each other). With ``wait_over``, first wait for the oldest copies
-    until at most that many bytes stay held."""
-    torch = _orig.get("torch")
-    if torch is not None and torch.cuda.is_current_stream_capturing():
-        return  # querying an event now would be refused (or join the capture): later
-    done = []
-    with _in_flight_lock:
-        try:
-            while wait_over is not None and _in_flight and _held_bytes[0] > wait_over:
-                ev, src, n = _in_flight.popleft()
-                ev.synchronize()
-                done.append(src)
-                _held_bytes[0] -= n
-            for _ in range(len(_in_flight)):
-                entry = _in_flight.popleft()
-                if entry[0].query():
-                    done.append(entry[1])
-                    _held_bytes[0] -= entry[2]
-                else:
-                    _in_flight.append(entry)
-        except Exception:  # noqa: BLE001 - a lost context: keep what is left, never raise here
-            pass
-        _held[0] = len(_in_flight)
-    del done  # the tensors (and NumPy's buffers) are released here, outside the lock
-
-
 def in_flight() -> int:
-    """Sources of ``non_blocking`` copies to the GPU still kept alive."""
-    return _held[0]
+    """Sources of ``non_blocking`` copies to the GPU still kept alive (``_torch_async``)."""
+    return _async.held()
 
 
 def _numpy(self, *, force=False):
