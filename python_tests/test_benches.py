@@ -18,6 +18,7 @@ GPU_BENCHES = {
     "archive/asnumpy_parts_probe.py": ["--gib", "0.01", "--rounds", "1"],
     "archive/asnumpy_read_probe.py": ["--gib", "0.01", "--rounds", "1"],
     "archive/async_copy_probe.py": ["--trials", "1"],
+    "archive/managed_pressure_probe.py": ["--hold", "0.1", "--mib", "1"],
     "archive/explicit_ab_probe.py": ["--mib", "1", "--pairs", "2"],
     "archive/explicit_overhead_probe.py": ["--mib", "1", "--reps", "1"],
     "churn_bench.py": [],
