@@ -72,6 +72,18 @@ impl Slab {
     /// changed; the full path says why). `Some(Err)`: the slot is not live (a double free).
     #[inline(always)]
     pub(super) fn clear_slot(&self, ptr: usize) -> Option<Result<(u32, usize)>> {
+        let (idx, word) = self.slot_at(ptr)?;
+        let w = word.swap(0, Ordering::AcqRel);
+        if w == 0 {
+            return Some(Err(double_free(ptr)));
+        }
+        Some(Ok((idx as u32, w as usize - 1)))
+    }
+
+    /// The slot that starts at `ptr` in this slab's current range, and its word (0: free,
+    /// else the requested size + 1). None: `ptr` is outside the range or inside a slot.
+    #[inline(always)]
+    pub(super) fn slot_at(&self, ptr: usize) -> Option<(usize, &AtomicU32)> {
         let off = ptr.wrapping_sub(self.base.load(Ordering::Acquire));
         if off >= self.bytes() {
             return None;
@@ -82,11 +94,7 @@ impl Slab {
         }
         debug_assert!(idx < self.nslots);
         // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
-        let w = unsafe { self.words.get_unchecked(idx) }.swap(0, Ordering::AcqRel);
-        if w == 0 {
-            return Some(Err(double_free(ptr)));
-        }
-        Some(Ok((idx as u32, w as usize - 1)))
+        Some((idx, unsafe { self.words.get_unchecked(idx) }))
     }
 
     /// Why [`clear_slot`](Self::clear_slot) found no slot's start at `ptr`: the error a free

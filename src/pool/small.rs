@@ -188,17 +188,10 @@ impl Pool {
             return None;
         }
         let c = tcache::mine(self)?;
-        let off = ptr.wrapping_sub(s.base.load(Ordering::Acquire));
-        if n > SMALL_MAX || off >= s.bytes() || self.table.class_of(n) != s.class {
+        if n > SMALL_MAX || self.table.class_of(n) != s.class {
             return None;
         }
-        let idx = s.slot_of(off);
-        if idx * s.slot != off {
-            return None;
-        }
-        debug_assert!(idx < s.nslots);
-        // SAFETY: `off < nslots * slot`, so `idx < nslots`, the length of `words`.
-        let w = unsafe { s.words.get_unchecked(idx) };
+        let (_, w) = s.slot_at(ptr)?;
         let old = w.load(Ordering::Acquire);
         if old == 0 {
             return None;
