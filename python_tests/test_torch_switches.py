@@ -284,3 +284,48 @@ def test_only_sources_on_blocks_of_ours_are_held(fresh_async):
         assert ta.held() == 1 and torch.synced == [torch.stream]
     finally:
         ump_alloc.disable()
+
+
+def test_patched_calls_route_cpu_tensors_and_parameters_asking_non_blocking(fresh_async):
+    """``_guard_call``, what the patched ``.to``/``.cuda`` ask first: a CPU tensor or Parameter
+    (a subclass of it too) asking for ``non_blocking`` is copied through the guard; a CUDA
+    tensor, another subclass, a blocking call and anything while compiling are left to the
+    caller (None)."""
+    import types
+
+    torch = _stand_in_torch()
+
+    class Parameter(torch.Tensor):
+        pass
+
+    class Buffered(Parameter):
+        pass
+
+    class Other(torch.Tensor):
+        pass
+
+    compiling = [False]
+    torch.nn = types.SimpleNamespace(Parameter=Parameter)
+    torch.jit = types.SimpleNamespace(is_tracing=lambda: False, is_scripting=lambda: False)
+    torch.compiler = types.SimpleNamespace(is_compiling=lambda: compiling[0])
+    calls = []
+
+    def fn(src, *args, **kwargs):
+        calls.append((src, args, kwargs))
+        return torch.Tensor(0, cuda=True)
+
+    for cls in (torch.Tensor, Parameter, Buffered):
+        src = cls(0, cuda=False)
+        got = tt._guard_call(fn, src, ("cuda",), {"non_blocking": True}, torch)
+        assert got is not None and calls[-1] == (src, ("cuda",), {"non_blocking": True}), cls
+    n = len(calls)
+    left = [
+        (torch.Tensor(0, cuda=True), ("cuda",), {"non_blocking": True}),
+        (Other(0, cuda=False), ("cuda",), {"non_blocking": True}),
+        (torch.Tensor(0, cuda=False), ("cuda",), {}),
+    ]
+    for src, args, kwargs in left:
+        assert tt._guard_call(fn, src, args, kwargs, torch) is None
+    compiling[0] = True
+    assert tt._guard_call(fn, torch.Tensor(0, cuda=False), ("cuda",), {"non_blocking": True}, torch) is None
+    assert len(calls) == n, "left calls are the caller's to make"

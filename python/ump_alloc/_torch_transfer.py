@@ -233,23 +233,31 @@ def _to_cpu_maybe(args, kwargs, torch) -> bool:
     return isinstance(target, torch.Tensor) and not target.is_cuda
 
 
+def _guard_call(fn, self, args, kwargs, torch):
+    """The patched ``.to``/``.cuda`` (``fn``) of a CPU tensor or Parameter (as ``Module.to``
+    moves them) asking for ``non_blocking``: the call, with its source kept until the copy ran
+    (``_torch_async``). None for every other call, which the caller makes its own way (one
+    that is not ``non_blocking`` lets go of finished copies now and then)."""
+    cls = type(self)
+    if (cls is not torch.Tensor and not issubclass(cls, torch.nn.Parameter)) or self.is_cuda:
+        return None
+    asked = _async.non_blocking(args, kwargs)
+    if not (asked or _async._held[0]) or _tracing(torch):
+        return None
+    if asked:
+        return _async.guarded(fn, self, args, kwargs, torch)
+    _async.drop_now_and_then(torch)
+    return None
+
+
 def _to(self, *args, **kwargs):
     torch = _orig["torch"]
+    r = _guard_call(_orig["to"], self, args, kwargs, torch)
+    if r is not None:
+        return r
     if type(self) is not torch.Tensor:
-        # Subclasses (FakeTensor under torch.compile, with symbolic sizes) keep PyTorch's path;
-        # a Parameter's non_blocking copy to the GPU (Module.to) is guarded like a tensor's.
-        if (
-            issubclass(type(self), torch.nn.Parameter)
-            and not self.is_cuda
-            and _async.non_blocking(args, kwargs)
-            and not _tracing(torch)
-        ):
-            return _async.guarded(_orig["to"], self, args, kwargs, torch)
+        # Subclasses (FakeTensor under torch.compile, with symbolic sizes) keep PyTorch's path.
         return _orig["to"](self, *args, **kwargs)
-    if not self.is_cuda and (_async._held[0] or _async.non_blocking(args, kwargs)) and not _tracing(torch):
-        if _async.non_blocking(args, kwargs):
-            return _async.guarded(_orig["to"], self, args, kwargs, torch)
-        _async.drop_now_and_then(torch)
     if _state["unified"]:
         if not set(kwargs) <= _TO_KEYS:
             return _orig["to"](self, *args, **kwargs)
@@ -276,19 +284,8 @@ def _to(self, *args, **kwargs):
 
 
 def _cuda(self, *args, **kwargs):
-    torch = _orig["torch"]
-    cls = type(self)
-    if (
-        (cls is not torch.Tensor and not issubclass(cls, torch.nn.Parameter))
-        or self.is_cuda
-        or not (_async._held[0] or _async.non_blocking(args, kwargs))
-        or _tracing(torch)
-    ):
-        return _orig["cuda"](self, *args, **kwargs)
-    if _async.non_blocking(args, kwargs):
-        return _async.guarded(_orig["cuda"], self, args, kwargs, torch)
-    _async.drop_now_and_then(torch)
-    return _orig["cuda"](self, *args, **kwargs)
+    r = _guard_call(_orig["cuda"], self, args, kwargs, _orig["torch"])
+    return r if r is not None else _orig["cuda"](self, *args, **kwargs)
 
 
 def in_flight() -> int:
