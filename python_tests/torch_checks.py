@@ -682,7 +682,7 @@ def nonblocking_h2d_keeps_its_source():
     import torch
 
     import ump_alloc
-    from ump_alloc import _torch_transfer as tt
+    from ump_alloc import _torch_async as ta
 
     torch.zeros(1, device="cuda")  # the first use of the GPU: NumPy's memory is pinned from here
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
@@ -700,15 +700,15 @@ def nonblocking_h2d_keeps_its_source():
     print(f"control, guard dropped: {wrong}/12 wrong copies, {reused}/12 reused at once")
     assert wrong > 0 and reused > 0, "the control did not reproduce the race: the check cannot fail"
     wrong, reused = _nonblocking_trials(torch, x, ways, drop_guard=False)
-    print(f"guarded: {wrong}/12 wrong copies, {reused}/12 reused at once, {tt.in_flight()} held")
+    print(f"guarded: {wrong}/12 wrong copies, {reused}/12 reused at once, {ta.held()} held")
     assert wrong == 0 and reused == 0, (wrong, reused)
     torch.cuda.synchronize()
     torch.ones(4).to("cuda", non_blocking=True)  # PyTorch's memory: not held; lets go of the rest
-    assert tt.in_flight() == 0, tt.in_flight()
+    assert ta.held() == 0, ta.held()
     # A blocking copy and a copy from PyTorch's own memory keep nothing.
     torch.from_numpy(x.copy()).cuda()
     torch.from_numpy(x).clone().cuda(non_blocking=True)
-    assert tt.in_flight() == 0, tt.in_flight()
+    assert ta.held() == 0, ta.held()
     print("PASS")
 
 

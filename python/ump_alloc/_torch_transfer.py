@@ -288,11 +288,6 @@ def _cuda(self, *args, **kwargs):
     return r if r is not None else _orig["cuda"](self, *args, **kwargs)
 
 
-def in_flight() -> int:
-    """Sources of ``non_blocking`` copies to the GPU still kept alive (``_torch_async``)."""
-    return _async.held()
-
-
 def _numpy(self, *, force=False):
     torch = _orig["torch"]
     if force and type(self) is torch.Tensor and self.is_cuda and (self.nbytes >= MIN_BYTES or _state["unified"]):
